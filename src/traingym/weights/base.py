@@ -1,0 +1,133 @@
+"""Weight-sync seams: the typed records that cross them, the two protocols, the registries.
+
+A weight update travels as a `Payload`: an `UpdateHeader` (JSON on the wire) plus raw byte
+buffers. `Codec` turns states into payloads and back; `Transport` moves payloads. A state is
+a `dict[str, torch.Tensor]` of contiguous CPU tensors.
+
+Covered: the record types, the codec and transport protocols, the registries, the errors.
+Not covered here: framing (frame.py), hashing (hashing.py), the policies (sync.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+State = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """How one tensor is coded in a payload. `buffers` index `Payload.buffers`."""
+
+    name: str
+    dtype: str  # torch dtype name without the "torch." prefix, e.g. "bfloat16"
+    shape: tuple[int, ...]
+    method: str  # "raw" (all bytes) | "same" (unchanged) | "sparse" | "xor"
+    buffers: tuple[int, ...] = ()
+    n_changed: int = 0
+    params: tuple[int, ...] = ()  # method-specific integers (e.g. Rice parameters)
+
+
+@dataclass(frozen=True)
+class UpdateHeader:
+    """What a payload claims: which version it turns which base into, and how."""
+
+    codec: str  # "full" | "delta"
+    target_version: int
+    target_hash: str
+    base_version: int | None = None  # None for a full update (an anchor)
+    base_hash: str | None = None
+    tensors: tuple[TensorEntry, ...] = ()
+    buffer_sizes: tuple[int, ...] = ()
+    body_hash: str = ""
+
+
+@dataclass
+class Payload:
+    """An update: header plus the raw buffers it points into (bytes-like, not copied)."""
+
+    header: UpdateHeader
+    buffers: list[memoryview] = field(default_factory=list)
+
+    @property
+    def is_anchor(self) -> bool:
+        return self.header.codec == "full"
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers)
+
+
+class IntegrityError(Exception):
+    """A payload or a result does not match its hash: never apply or serve it."""
+
+
+class BaseMismatch(Exception):
+    """A delta names a base this receiver does not hold: it needs an anchor."""
+
+
+class PeerDead(ConnectionError):
+    """The other side of a transport died or went silent past its deadline."""
+
+
+class TransportTimeout(TimeoutError):
+    """No update arrived within the time asked for (the sender is alive but quiet)."""
+
+
+@runtime_checkable
+class Codec(Protocol):
+    """encode(old, new) -> payload; decode(old, payload) -> new. Bit-exact."""
+
+    type: str
+
+    def encode(self, old: State | None, new: State) -> Payload: ...
+
+    def decode(self, old: State | None, payload: Payload) -> State: ...
+
+
+@runtime_checkable
+class Sender(Protocol):
+    """Sending end of a transport. Keeps the chain since the last anchor for late joiners."""
+
+    def send(self, payload: Payload) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Receiver(Protocol):
+    """Receiving end. receive raises TransportTimeout or PeerDead, never hangs."""
+
+    def receive(self, timeout: float) -> Payload: ...
+
+    def resync(self, have_hash: str | None) -> None:
+        """Ask for the last anchor and the deltas since (or the deltas after have_hash)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+CODECS: dict[str, type] = {}
+SENDERS: dict[str, type] = {}
+RECEIVERS: dict[str, type] = {}
+
+
+def register_codec(name: str):
+    def deco(cls: type) -> type:
+        CODECS[name] = cls
+        return cls
+
+    return deco
+
+
+def register_transport(name: str, role: str):
+    table = SENDERS if role == "sender" else RECEIVERS
+
+    def deco(cls: type) -> type:
+        table[name] = cls
+        return cls
+
+    return deco

@@ -1,0 +1,125 @@
+"""Vectorised integer coders for the delta codec: order-preserving float keys, zigzag,
+Rice codes with escapes for gap-coded positions, and an escaped byte stream for values.
+
+Rice coding splits each value v into a quotient q = v >> k, written in unary, and k low
+bits. The unary parts and the fixed-width parts go to separate bit streams, so that both
+encoding and decoding are a handful of numpy passes (no per-element Python). A quotient of
+QMAX or more is an escape: the value is stored whole in a third stream, which bounds the
+cost of the rare long gap. For geometric gaps Rice codes with the best k are within about
+3% of the entropy; they do not adapt within a tensor (a clustered tensor pays for that).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+QMAX = 40
+_SAMPLE = 1 << 16
+
+
+def float_key(x: np.ndarray) -> np.ndarray:
+    """Map float bit patterns to unsigned integers in numeric order (-0.0 next to +0.0)."""
+    top = x.dtype.type(1 << (x.dtype.itemsize * 8 - 1))
+    ones = x.dtype.type(np.iinfo(x.dtype).max)
+    sign = x >> (x.dtype.itemsize * 8 - 1)
+    return x ^ ((sign * ones) | top)
+
+
+def float_unkey(k: np.ndarray) -> np.ndarray:
+    top = k.dtype.type(1 << (k.dtype.itemsize * 8 - 1))
+    ones = k.dtype.type(np.iinfo(k.dtype).max)
+    was_positive = k >> (k.dtype.itemsize * 8 - 1)
+    return k ^ (((1 - was_positive) * ones) | top)
+
+
+def zigzag(d: np.ndarray) -> np.ndarray:
+    """int64 -> uint64 with small magnitudes first: 0, -1, 1, -2, 2 -> 0, 1, 2, 3, 4."""
+    return ((d << 1) ^ (d >> 63)).view(np.uint64)
+
+
+def unzigzag(z: np.ndarray) -> np.ndarray:
+    return ((z >> np.uint64(1)).view(np.int64)) ^ -((z & np.uint64(1)).view(np.int64))
+
+
+def pack_fixed(v: np.ndarray, k: int) -> bytes:
+    """The low k bits of each value, concatenated big-endian."""
+    if k == 0 or v.size == 0:
+        return b""
+    width = 8 if k <= 8 else 16 if k <= 16 else 32 if k <= 32 else 64
+    be = v.astype(f">u{width // 8}")
+    allbits = np.unpackbits(be.view(np.uint8).reshape(-1, width // 8), axis=1)
+    return np.packbits(allbits[:, width - k :]).tobytes()
+
+
+def unpack_fixed(data, k: int, n: int) -> np.ndarray:
+    if k == 0 or n == 0:
+        return np.zeros(n, np.uint64)
+    width = 8 if k <= 8 else 16 if k <= 16 else 32 if k <= 32 else 64
+    bitsarr = np.unpackbits(np.frombuffer(data, np.uint8), count=n * k)
+    if bitsarr.size != n * k:
+        raise ValueError("fixed-width stream too short")
+    full = np.zeros((n, width), np.uint8)
+    full[:, width - k :] = bitsarr.reshape(n, k)
+    return np.packbits(full, axis=1).view(f">u{width // 8}").reshape(n).astype(np.uint64)
+
+
+def rice_cost(v: np.ndarray, k: int) -> int:
+    q = v >> np.uint64(k)
+    esc = int(np.count_nonzero(q >= QMAX))
+    return int(np.minimum(q, QMAX).sum()) + v.size + k * (v.size - esc) + 32 * esc
+
+
+def best_k(v: np.ndarray) -> int:
+    """The Rice parameter with the smallest cost on a sample of v."""
+    if v.size == 0:
+        return 0
+    sample = v[:: max(1, v.size // _SAMPLE)]
+    mean = float(sample.mean())
+    k0 = max(0, int(np.log2(mean * 0.69 + 1e-9))) if mean >= 1 else 0
+    ks = range(max(0, k0 - 2), min(63, k0 + 3))
+    return min(ks, key=lambda k: rice_cost(sample, k))
+
+
+def rice_encode(v: np.ndarray, k: int) -> tuple[bytes, bytes, bytes, int]:
+    """-> (unary stream, low-bits stream, escaped values as uint64, number of escapes)."""
+    q = v >> np.uint64(k)
+    esc = q >= QMAX
+    q = np.minimum(q, QMAX)
+    ends = np.cumsum(q + np.uint64(1)) - np.uint64(1)
+    unary = np.zeros(int(ends[-1]) + 1 if v.size else 0, np.uint8)
+    unary[ends] = 1
+    low = v[~esc] & np.uint64((1 << k) - 1)
+    return np.packbits(unary).tobytes(), pack_fixed(low, k), v[esc].tobytes(), int(esc.sum())
+
+
+def rice_decode(unary, low, escaped, n: int, k: int) -> np.ndarray:
+    ones = np.flatnonzero(np.unpackbits(np.frombuffer(unary, np.uint8)))[:n]
+    if ones.size != n:
+        raise ValueError("unary stream too short")
+    q = np.diff(ones, prepend=-1).astype(np.uint64) - np.uint64(1)
+    esc = q == QMAX
+    out = np.empty(n, np.uint64)
+    esc_vals = np.frombuffer(escaped, np.uint64)
+    if esc_vals.size != int(esc.sum()):
+        raise ValueError("escape stream does not match the unary stream")
+    out[esc] = esc_vals
+    keep = ~esc
+    out[keep] = (q[keep] << np.uint64(k)) | unpack_fixed(low, k, n - esc_vals.size)
+    return out
+
+
+def bytes_encode(v: np.ndarray) -> tuple[bytes, bytes]:
+    """Values as one byte each (255 escapes), and the escaped values as uint64."""
+    small = np.minimum(v, 255).astype(np.uint8)
+    return small.tobytes(), v[v >= 255].tobytes()
+
+
+def bytes_decode(small, escaped) -> np.ndarray:
+    s = np.frombuffer(small, np.uint8)
+    out = s.astype(np.uint64)
+    esc = s == 255
+    esc_vals = np.frombuffer(escaped, np.uint64)
+    if esc_vals.size != int(esc.sum()):
+        raise ValueError("value escapes do not match")
+    out[esc] = esc_vals
+    return out

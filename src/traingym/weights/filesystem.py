@@ -1,0 +1,205 @@
+"""Directory transport (a filesystem, or an object store mounted as one), and shared memory.
+
+Layout under `root`:
+    000000000012-full.tgw, 000000000013-delta.tgw ...   one frame per file
+    HEAD        JSON marker: the chain (file, version, hash) from the last anchor, the
+                sender's pid and host, and whether it closed. Written last, atomically.
+    HEARTBEAT   rewritten every `heartbeat_s` by the sender while it lives.
+Publish is atomic: a frame is written to a temporary name, fsynced, renamed, and only then
+listed in HEAD (also written by rename). A sender that dies mid-publish leaves a temporary
+file that no reader ever opens; receivers stay on their last verified version. Receivers
+are resumable: they keep the hash they last delivered and read only the files after it,
+or the chain from the anchor when it is gone. Files of chains older than the previous one
+are deleted when an anchor is published.
+
+`shm` is the same protocol under /dev/shm (POSIX shared memory is a tmpfs: what shm_open
+maps), with no fsync, zero-copy mmap reads, and the sender's liveness also checked by pid.
+Not covered: object stores without atomic rename (S3 needs a conditional-put marker).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from traingym.weights.base import Payload, PeerDead, TransportTimeout, register_transport
+from traingym.weights.frame import from_buffer, to_views
+
+
+@dataclass(frozen=True)
+class FilesystemConfig:
+    type: str = "filesystem"
+    root: str = "weights"
+    poll_s: float = 0.01
+    heartbeat_s: float = 1.0
+    dead_after_s: float = 10.0
+    fsync: bool = True
+
+
+@dataclass(frozen=True)
+class ShmConfig:
+    type: str = "shm"
+    name: str = "default"
+    poll_s: float = 0.002
+    heartbeat_s: float = 1.0
+    dead_after_s: float = 10.0
+
+
+def _shm_fs(cfg: ShmConfig) -> FilesystemConfig:
+    return FilesystemConfig(root=f"/dev/shm/traingym-{cfg.name}", poll_s=cfg.poll_s,
+                            heartbeat_s=cfg.heartbeat_s, dead_after_s=cfg.dead_after_s,
+                            fsync=False)
+
+
+def _write_atomic(path: Path, views, fsync: bool) -> None:
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        for v in views:
+            f.write(v)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@register_transport("filesystem", "sender")
+class FilesystemSender:
+    def __init__(self, cfg: FilesystemConfig = FilesystemConfig()) -> None:
+        self.cfg, self.root = cfg, Path(cfg.root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        for tmp in self.root.glob(".tmp-*"):  # left by a sender that died mid-publish
+            tmp.unlink()
+        self._chain: list[dict] = []
+        self._previous: list[dict] = []
+        self._stop = threading.Event()
+        self._beat()
+        self._thread = threading.Thread(target=self._heartbeat, daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        _write_atomic(self.root / "HEARTBEAT", [str(time.time()).encode()], False)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.cfg.heartbeat_s):
+            self._beat()
+
+    def _head(self, closed: bool) -> None:
+        head = {"chain": self._chain, "pid": os.getpid(), "host": socket.gethostname(),
+                "closed": closed}
+        _write_atomic(self.root / "HEAD", [json.dumps(head).encode()], self.cfg.fsync)
+
+    def send(self, payload: Payload) -> None:
+        h = payload.header
+        name = f"{h.target_version:012d}-{h.codec}.tgw"
+        _write_atomic(self.root / name, to_views(payload), self.cfg.fsync)
+        entry = {"file": name, "version": h.target_version, "hash": h.target_hash}
+        if payload.is_anchor:
+            old = {e["file"] for e in self._previous}
+            self._previous, self._chain = self._chain, [entry]
+        else:
+            self._chain = [*self._chain, entry]
+            old = set()
+        self._head(closed=False)
+        keep = {e["file"] for e in self._chain + self._previous}
+        for f in old - keep:
+            (self.root / f).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._head(closed=True)
+
+
+@register_transport("filesystem", "receiver")
+class FilesystemReceiver:
+    def __init__(self, cfg: FilesystemConfig = FilesystemConfig(), use_mmap: bool = False,
+                 check_pid: bool = False) -> None:
+        self.cfg, self.root = cfg, Path(cfg.root)
+        self.use_mmap, self.check_pid = use_mmap, check_pid
+        self._last_hash: str | None = None  # hash of the last delivered frame
+        self._last_version = -1
+
+    def _read_head(self) -> dict | None:
+        try:
+            return json.loads((self.root / "HEAD").read_bytes())
+        except FileNotFoundError:
+            return None
+
+    def _check_alive(self, head: dict | None) -> None:
+        if head is not None and head["closed"]:
+            raise PeerDead(f"sender closed {self.root}")
+        if head is not None and self.check_pid and head["host"] == socket.gethostname():
+            try:
+                os.kill(head["pid"], 0)
+            except ProcessLookupError as err:
+                raise PeerDead(f"sender pid {head['pid']} is gone") from err
+        try:
+            age = time.time() - float((self.root / "HEARTBEAT").read_bytes())
+        except FileNotFoundError:
+            return
+        if age > self.cfg.dead_after_s:
+            raise PeerDead(f"sender heartbeat in {self.root} is {age:.1f}s old")
+
+    def _next_entry(self, head: dict) -> dict | None:
+        chain = head["chain"]
+        for i, e in enumerate(chain):
+            if e["hash"] == self._last_hash:
+                return chain[i + 1] if i + 1 < len(chain) else None
+        newer = [e for e in chain if e["version"] > self._last_version]
+        return chain[0] if newer else None
+
+    def _read(self, name: str):
+        with open(self.root / name, "rb") as f:
+            if self.use_mmap:
+                return mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+            buf = bytearray(os.fstat(f.fileno()).st_size)
+            f.readinto(buf)
+            return buf
+
+    def receive(self, timeout: float) -> Payload:
+        deadline = time.monotonic() + timeout
+        while True:
+            head = self._read_head()
+            entry = self._next_entry(head) if head else None
+            if entry is not None:
+                try:
+                    buf = self._read(entry["file"])
+                except FileNotFoundError:  # collected by a newer anchor: take that chain
+                    self._last_hash = None
+                    continue
+                self._last_hash, self._last_version = entry["hash"], entry["version"]
+                return from_buffer(buf)
+            self._check_alive(head)
+            if time.monotonic() >= deadline:
+                raise TransportTimeout(f"no update in {self.root} within {timeout}s")
+            time.sleep(self.cfg.poll_s)
+
+    def resync(self, have_hash: str | None) -> None:
+        self._last_hash, self._last_version = have_hash, -1
+
+    def close(self) -> None:
+        pass
+
+
+@register_transport("shm", "sender")
+class ShmSender(FilesystemSender):
+    def __init__(self, cfg: ShmConfig = ShmConfig()) -> None:
+        super().__init__(_shm_fs(cfg))
+
+    def unlink(self) -> None:
+        """Remove the segment directory (shared memory outlives processes otherwise)."""
+        for f in self.root.iterdir():
+            f.unlink()
+        self.root.rmdir()
+
+
+@register_transport("shm", "receiver")
+class ShmReceiver(FilesystemReceiver):
+    def __init__(self, cfg: ShmConfig = ShmConfig()) -> None:
+        super().__init__(_shm_fs(cfg), use_mmap=True, check_pid=True)

@@ -1,0 +1,259 @@
+"""Publisher (trainer side) and Subscriber (engine side): versions, anchors, verification.
+
+Every update names its base version and hash and its target version and hash. The
+publisher keeps a shadow of what receivers hold, sends deltas against it, and sends a full
+update (an anchor) first, when the structure changes, and whenever the delta bytes since the
+last anchor would pass `anchor_budget` x the full size; a late joiner thus needs at most one
+anchor plus deltas worth about one more full transfer. With codec "auto" it also sends a full
+update when, from its measured link and encode rates, that would be faster.
+
+The subscriber checks the payload's hashes before touching any weight, refuses a delta whose
+base hash is not its own, re-hashes its state before applying (`verify_base`), hashes the
+result, and marks itself servable only when that matches the target hash. On any failure it
+asks the transport to resync (the deltas after its hash, or the last anchor and what
+followed) and keeps refusing until a consistent update arrives.
+Not covered: applying while the engine generates (call `poll` between generations).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from traingym.weights.base import (BaseMismatch, IntegrityError, Payload, Receiver, Sender,
+                                   State, TransportTimeout)
+from traingym.weights.codecs import DeltaCodec, FullCodec, apply
+from traingym.weights.frame import seal, verify_body
+from traingym.weights.hashing import state_hash
+
+
+class Chain:
+    """The last anchor and the deltas since: what a late or broken receiver needs."""
+
+    def __init__(self) -> None:
+        self._frames: list[Payload] = []
+        self._lock = threading.Lock()
+
+    def add(self, p: Payload) -> None:
+        with self._lock:
+            if p.is_anchor:
+                self._frames = [p]
+            elif not self._frames:
+                raise ValueError("the first update on a chain must be an anchor (full)")
+            else:
+                self._frames = [*self._frames, p]
+
+    def since(self, have_hash: str | None) -> list[Payload]:
+        with self._lock:
+            frames = self._frames
+        for i, p in enumerate(frames):
+            if have_hash is not None and p.header.target_hash == have_hash:
+                return frames[i + 1 :]
+        return list(frames)
+
+
+@dataclass(frozen=True)
+class PublisherConfig:
+    codec: str = "auto"
+    """"delta", "full", or "auto" (delta unless a full send is predicted faster)."""
+    anchor_budget: float = 1.0
+    """Send an anchor once delta bytes since the last one would exceed this x full size."""
+    zstd_level: int = 1
+    """zstd level for the delta codec's zstd streams."""
+
+
+@dataclass(frozen=True)
+class PublishStats:
+    version: int
+    codec: str
+    payload_bytes: int
+    full_bytes: int
+    changed: int
+    encode_s: float
+    send_s: float
+    reason: str
+
+
+class Publisher:
+    """publish(state, version) after each optimizer step; the state is not kept or mutated."""
+
+    def __init__(self, sender: Sender, cfg: PublisherConfig = PublisherConfig()) -> None:
+        if cfg.codec not in ("auto", "delta", "full"):
+            raise ValueError(f"unknown codec {cfg.codec!r}")
+        self.sender, self.cfg = sender, cfg
+        self.delta, self.full = DeltaCodec(cfg.zstd_level), FullCodec()
+        self.version: int | None = None
+        self.hash: str | None = None
+        self._shadow: State | None = None
+        self._since_anchor = 0
+        self._link_s_per_byte: float | None = None
+        self._delta_s: float | None = None  # encode time of the last delta
+
+    def _structure_changed(self, state: State) -> bool:
+        s = self._shadow
+        return s is None or set(s) != set(state) or any(
+            s[k].dtype != v.dtype or s[k].shape != v.shape for k, v in state.items())
+
+    def publish(self, state: State, version: int) -> PublishStats:
+        if self.version is not None and version <= self.version:
+            raise ValueError(f"version {version} is not after {self.version}")
+        full_bytes = sum(t.numel() * t.element_size() for t in state.values())
+        t0 = time.perf_counter()
+        target_hash = state_hash(state)
+        reason = "delta"
+        if self._structure_changed(state):
+            reason = "first" if self._shadow is None else "structure"
+        elif self.cfg.codec == "full":
+            reason = "codec=full"
+        elif self.cfg.codec == "auto" and self._full_predicted_faster(full_bytes):
+            reason = "auto:full-faster"
+        payload = None
+        if reason == "delta":
+            payload = self.delta.encode(self._shadow, state)
+            self._delta_s = time.perf_counter() - t0
+            if self._since_anchor + payload.nbytes > self.cfg.anchor_budget * full_bytes:
+                payload, reason = None, "anchor-budget"
+        if payload is None:
+            payload = self.full.encode(None, state)
+        anchor = payload.is_anchor
+        header = dataclasses.replace(
+            payload.header, target_version=version, target_hash=target_hash,
+            base_version=None if anchor else self.version, base_hash=None if anchor else self.hash)
+        payload = seal(Payload(header, payload.buffers))
+        encode_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.sender.send(payload)
+        send_s = time.perf_counter() - t1
+        if payload.nbytes > 1 << 20:
+            self._link_s_per_byte = send_s / payload.nbytes
+        self._advance(state, payload, anchor)
+        self.version, self.hash = version, target_hash
+        changed = sum(e.n_changed for e in header.tensors) if not anchor else -1
+        return PublishStats(version, header.codec, payload.nbytes, full_bytes, changed,
+                            encode_s, send_s, reason)
+
+    def _advance(self, state: State, payload: Payload, anchor: bool) -> None:
+        if anchor:
+            self._shadow = {k: v.detach().clone() for k, v in state.items()}
+            self._since_anchor = 0
+            return
+        self._since_anchor += payload.nbytes
+        for e in payload.header.tensors:
+            if e.method != "same":
+                self._shadow[e.name].copy_(state[e.name])
+
+    def _full_predicted_faster(self, full_bytes: int) -> bool:
+        if self._link_s_per_byte is None or self._delta_s is None:
+            return False
+        delta_guess = 0.02 * full_bytes  # a pessimistic delta size; the link term is small
+        t_delta = 2 * self._delta_s + delta_guess * self._link_s_per_byte  # encode + decode
+        t_full = full_bytes * self._link_s_per_byte
+        return t_full < t_delta
+
+
+@dataclass(frozen=True)
+class SubscriberConfig:
+    verify_base: bool = True
+    """Re-hash the held state before applying a delta (catches local corruption)."""
+    resync_every_s: float = 2.0
+    """While waiting for a resync, ask again this often."""
+
+
+@dataclass
+class SubscriberStats:
+    applied: int = 0
+    anchors: int = 0
+    corrupt: int = 0
+    refused: int = 0
+    skipped: int = 0
+    resyncs: int = 0
+
+
+class NotServable(RuntimeError):
+    """The subscriber holds no verified state."""
+
+
+class Subscriber:
+    """Applies updates into `state` (the engine's tensors, in place where shapes match)."""
+
+    def __init__(self, receiver: Receiver, cfg: SubscriberConfig = SubscriberConfig(),
+                 state: State | None = None) -> None:
+        self.receiver, self.cfg = receiver, cfg
+        self._state = state
+        self.valid = False
+        self.version: int | None = None
+        self.hash: str | None = None
+        self.stats = SubscriberStats()
+        self._asked_at: float | None = None
+
+    @property
+    def state(self) -> State:
+        """The verified state; raises NotServable rather than hand out unverified weights."""
+        if not self.valid:
+            raise NotServable("no verified weights yet (or the last update failed)")
+        return self._state
+
+    def _ask(self) -> None:
+        now = time.monotonic()
+        if self._asked_at is None or now - self._asked_at > self.cfg.resync_every_s:
+            self.receiver.resync(self.hash if self.valid else None)
+            self._asked_at = now
+            self.stats.resyncs += 1
+
+    def poll(self, timeout: float) -> bool:
+        """Receive one update and apply it if it fits. True when the version advanced."""
+        try:
+            p = self.receiver.receive(timeout)
+            verify_body(p)
+        except IntegrityError:
+            self.stats.corrupt += 1
+            self._ask()
+            return False
+        h = p.header
+        if self.valid and h.target_version <= self.version:
+            self.stats.skipped += 1
+            return False
+        if h.codec == "delta" and (not self.valid or h.base_hash != self.hash):
+            self.stats.refused += 1
+            self._ask()
+            return False
+        if h.codec == "delta" and self.cfg.verify_base and state_hash(self._state) != self.hash:
+            self.valid = False
+            self.stats.corrupt += 1
+            self._ask()
+            return False
+        self.valid = False  # from here on the tensors may be half-written
+        try:
+            new = apply(self._state, p)
+        except (IntegrityError, BaseMismatch):
+            self.stats.corrupt += 1
+            self._ask()
+            return False
+        if state_hash(new) != h.target_hash:
+            self.stats.corrupt += 1
+            self._ask()
+            return False
+        self._state, self.valid = new, True
+        self.version, self.hash, self._asked_at = h.target_version, h.target_hash, None
+        self.stats.applied += 1
+        self.stats.anchors += p.is_anchor
+        return True
+
+    def wait_for(self, version: int, timeout: float) -> State:
+        """Poll until the verified version is at least `version`."""
+        deadline = time.monotonic() + timeout
+        while not (self.valid and self.version >= version):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TransportTimeout(f"version {version} not reached in {timeout}s")
+            self.poll(left)
+        return self.state
+
+
+def as_state(module: torch.nn.Module) -> State:
+    """A module's tensors as a state whose tensors alias the module's storage."""
+    return {k: v.detach() for k, v in module.state_dict().items()}
