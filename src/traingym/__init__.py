@@ -1,3 +1,39 @@
-"""traingym: reinforcement-learning post-training of language models."""
+"""traingym: reinforcement-learning post-training of language models.
+
+Public API (imported lazily so that `import traingym` stays cheap):
+  train(config, dataset=, eval_dataset=, reward=, run_dir=, resume=) -> TrainResult
+  Config, build_config                       typed config and presets
+  Sample, Completion, Group, Batch, ...      records crossing seams (traingym.types)
+"""
+
+from __future__ import annotations
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "train": ("traingym.api", "train"),
+    "TrainResult": ("traingym.api", "TrainResult"),
+    "Config": ("traingym.config", "Config"),
+    "build_config": ("traingym.config", "build_config"),
+    "ConfigError": ("traingym.config", "ConfigError"),
+    "Sample": ("traingym.types", "Sample"),
+    "Completion": ("traingym.types", "Completion"),
+    "Group": ("traingym.types", "Group"),
+    "Batch": ("traingym.types", "Batch"),
+    "SamplingParams": ("traingym.types", "SamplingParams"),
+    "GenerationRequest": ("traingym.types", "GenerationRequest"),
+    "RewardError": ("traingym.envs.single_turn", "RewardError"),
+    "DatasetError": ("traingym.envs.datasets", "DatasetError"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'traingym' has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)

@@ -1,0 +1,83 @@
+"""`traingym.train(config)`: the Python entry point the CLI also uses."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from traingym.config import Config, build_config, validate
+from traingym.evaluate import Score
+from traingym.loop import train_loop
+from traingym.run import build_run, eval_report
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    final_metrics: dict  # the last step's events.jsonl record
+    eval: dict  # before / after / paired delta, greedy and sampled (empty without eval rows)
+
+
+def _load_scores(path: Path) -> dict[str, Score] | None:
+    if not path.exists():
+        return None
+    return {k: Score(**v) for k, v in json.loads(path.read_text()).items()}
+
+
+def _save_scores(path: Path, scores: dict[str, Score]) -> None:
+    path.write_text(json.dumps({k: vars(v) for k, v in scores.items()}))
+
+
+def default_run_dir(cfg: Config) -> Path:
+    return Path("runs") / f"{cfg.task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def train(config: Config | dict | str | Path | None = None, *, dataset=None, eval_dataset=None,
+          reward=None, run_dir: str | Path | None = None, resume: bool = False,
+          progress: bool = True) -> TrainResult:
+    """Run RL post-training. `config` is a Config, a dict, a config file path, or None for the
+    embedded default. `dataset`/`eval_dataset` are lists of rows (or paths); `reward` is
+    `def reward(sample) -> float`."""
+    if config is None:
+        cfg = build_config()
+    elif isinstance(config, Config):
+        cfg = config
+    elif isinstance(config, dict):
+        cfg = validate(config)
+    else:
+        cfg = build_config(file=config)
+    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    run, start = build_run(cfg, run_dir, resume, dataset, eval_dataset, reward, progress)
+    show = run.progress.message
+    has_eval = bool(run.inputs.eval_rows) and cfg.eval.num_prompts > 0
+    before = _load_scores(run_dir / "eval_before.json")
+    if has_eval and cfg.eval.before and before is None:
+        before = run.evaluate()
+        _save_scores(run_dir / "eval_before.json", before)
+    if before:
+        show(_format("before", before))
+    metrics = train_loop(run, start)
+    if not metrics:
+        metrics = (json.loads((run_dir / "events.jsonl").read_text().splitlines()[-1])
+                   if (run_dir / "events.jsonl").exists() else {})
+    after = None
+    if has_eval and cfg.eval.after:
+        after = run.evaluate()
+        _save_scores(run_dir / "eval_after.json", after)
+        show(_format("after", after))
+    run.progress.close()
+    report = eval_report(before, after, cfg.eval.metric) if has_eval else {}
+    if report.get("delta"):
+        d = report["delta"]
+        show("change (paired over prompts): " + "  ".join(
+            f"{k} {v['delta']:+.3f} ± {v['se']:.3f} ({v['z']:.1f} SE)" for k, v in d.items()))
+    (run_dir / "results.json").write_text(json.dumps({"final": metrics, "eval": report}, indent=1))
+    return TrainResult(run_dir, metrics, report)
+
+
+def _format(label: str, scores: dict[str, Score]) -> str:
+    parts = [f"{k} {v.mean:.3f} ± {v.se:.3f}" for k, v in scores.items()]
+    n = next(iter(scores.values())).n_prompts
+    return f"held-out reward {label} training ({n} prompts): " + "  ".join(parts)

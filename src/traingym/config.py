@@ -1,0 +1,189 @@
+"""One typed config per run: defaults that work, TOML/YAML/JSON files, `--set a.b=c` overrides.
+
+Unknown keys fail at load time and name the valid ones. Presets are partial configs merged
+under the user's values: a preset never drops a value the user set.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Strict):
+    path: str = Field("embedded", description="'embedded' (SmolLM2-135M-Instruct), 'tiny' (a "
+                      "~1M-param model with a tokenizer trained on the fly), or a local HF folder")
+    engine_dtype: Literal["bfloat16", "float32"] = Field(
+        "bfloat16", description="dtype of the rollout engine's copy of the weights")
+
+
+class TaskConfig(_Strict):
+    name: str = Field("arith", description="built-in task: 'arith' (single-digit a+b, a-b) or "
+                      "'mult' (single-digit a*b); ignored when `dataset` and `reward` are given")
+    dataset: str | None = Field(None, description="training rows: a JSONL file or a local "
+                                "`datasets` folder; each row needs 'prompt' and 'answer'")
+    eval_dataset: str | None = Field(None, description="held-out rows, same format")
+    reward: str | None = Field(None, description="'module:function' taking a Sample, returning float")
+    prefill: str = Field("The answer is", description="text the assistant turn starts with")
+    system_prompt: str | None = Field(None, description="system message; None keeps the "
+                                      "chat template's default")
+
+
+class RolloutConfig(_Strict):
+    prompts_per_step: int = Field(16, ge=1, description="prompts (groups) per optimizer step")
+    group_size: int = Field(4, ge=2, description="completions sampled per prompt (G)")
+    temperature: float = Field(1.0, gt=0, description="training sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0 disables top-k")
+    max_new_tokens: int = Field(8, ge=1)
+    max_batch_rows: int = Field(64, ge=1, description="rows the engine decodes at once")
+
+
+class TrainerConfig(_Strict):
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
+    micro_batch_groups: int = Field(4, ge=1, description="groups per forward/backward pass")
+    bf16_autocast: bool = Field(True, description="bf16 autocast for forward/backward; "
+                                "master weights and optimizer stay fp32")
+    clip_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1")
+    clip_high: float = Field(0.28, ge=0, description="PPO ratio clip above 1 (DAPO clip-higher)")
+    kl_coef: float = Field(0.0, ge=0, description="weight of k3 KL to the initial model; 0 = off")
+    normalize_std: bool = Field(False, description="divide advantages by the group std")
+
+
+class EvalConfig(_Strict):
+    num_prompts: int = Field(128, ge=0, description="held-out prompts (disjoint from training)")
+    samples_per_prompt: int = Field(4, ge=1, description="samples per prompt at the training temperature")
+    before: bool = Field(True, description="evaluate the base model before training")
+    after: bool = Field(True, description="evaluate the trained model after the last step")
+    metric: Literal["reward_sampled", "reward_greedy"] = Field(
+        "reward_sampled", description="the metric the run names in advance as its target")
+
+
+class CheckpointConfig(_Strict):
+    every: int = Field(0, ge=0, description="save every N steps (0: only the last step)")
+    keep: int = Field(2, ge=1, description="how many checkpoints to keep")
+
+
+class Config(_Strict):
+    seed: int = 0
+    steps: int = Field(40, ge=1, description="optimizer steps")
+    threads: int = Field(0, ge=0, description="torch threads (0: all cores)")
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "tiny": {
+        "steps": 4,
+        "model": {"path": "tiny", "engine_dtype": "float32"},
+        "task": {"reward": "traingym.envs.tasks:digit_fraction"},
+        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 4},
+        "trainer": {"lr": 1e-3, "bf16_autocast": False},
+        "eval": {"num_prompts": 16, "samples_per_prompt": 2},
+    },
+}
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the problem and the fix."""
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _valid_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys += _valid_keys(ann, f"{prefix}{name}.")
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """['a.b=1', 'c=x'] -> {'a': {'b': 1}, 'c': 'x'} (values parsed as JSON when they are)."""
+    out: dict = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"--set {pair!r}: expected key=value, e.g. --set trainer.lr=1e-5")
+        key, value = pair.split("=", 1)
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = _parse_value(value)
+    return out
+
+
+def load_file(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    text = path.read_text()
+    if path.suffix == ".toml":
+        return tomllib.loads(text)
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        return yaml.safe_load(text) or {}
+    if path.suffix == ".json":
+        return json.loads(text)
+    raise ConfigError(f"config file {path}: use .toml, .yaml/.yml or .json")
+
+
+def build_config(preset: str = "default", file: str | Path | None = None,
+                 overrides: list[str] | dict | None = None) -> Config:
+    """Preset, then file, then overrides; fails on unknown keys before any work starts."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    data = dict(PRESETS[preset])
+    if file is not None:
+        data = _merge(data, load_file(file))
+    if overrides:
+        over = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
+        data = _merge(data, over)
+    return validate(data)
+
+
+def validate(data: dict) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":
+                problems.append(f"unknown key '{loc}'")
+            else:
+                problems.append(f"'{loc}': {err['msg']}")
+        raise ConfigError("invalid config: " + "; ".join(problems)
+                          + "\nvalid keys: " + ", ".join(_valid_keys(Config))) from None

@@ -1,0 +1,25 @@
+"""The environment seam. An Env is single-use and async: one episode, then discarded.
+
+An EnvFactory builds an Env for one dataset row; factories must be picklable so that envs can
+be built wherever the rollout runs (another process, a Ray actor).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from traingym.types import Completion, Observation, StepResult
+
+
+class Env(Protocol):
+    async def reset(self) -> Observation:
+        """Start the episode and return the first prompt."""
+        ...
+
+    async def step(self, completion: Completion) -> StepResult:
+        """Score the policy's completion; `done=False` continues the episode."""
+        ...
+
+
+class EnvFactory(Protocol):
+    def __call__(self, example: dict[str, Any]) -> Env: ...

@@ -1,0 +1,85 @@
+"""Load a policy model and its tokenizer: the embedded default, a tiny test model, or any local
+Hugging Face causal-LM folder. Nothing is fetched from a hub.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def tiny_tokenizer(vocab_size: int = 512):
+    """A byte-level BPE tokenizer trained in well under a second on arithmetic-like text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    lines = [f"What is {a} + {b}? The answer is {a + b}." for a in range(20) for b in range(20)]
+    lines += [f"What is {a} - {b}? What is {a} * {b}? {a * b} {a - b}" for a in range(20) for b in range(20)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(lines * 5, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>",
+                                   eos_token="<|im_end|>", pad_token="<|im_end|>",
+                                   unk_token="<|endoftext|>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_model(tokenizer, seed: int = 0):
+    """A ~0.3M-parameter Llama, deterministic for a given seed."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config)
+
+
+def resolve_path(path: str) -> Path | None:
+    """'embedded' -> the cached embedded folder; 'tiny' -> None; else a local folder."""
+    if path == "tiny":
+        return None
+    if path == "embedded":
+        from traingym.models.embedded import embedded_model_dir
+
+        return embedded_model_dir()
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.path={path!r}: not a Hugging Face model folder (no config.json); use "
+            "'embedded', 'tiny', or a local folder saved with save_pretrained"
+        )
+    return folder
+
+
+def load_policy(path: str, seed: int = 0):
+    """Return (fp32 model, tokenizer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    folder = resolve_path(path)
+    if folder is None:
+        tok = tiny_tokenizer()
+        return tiny_model(tok, seed), tok
+    tok = AutoTokenizer.from_pretrained(folder)
+    hf_logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return model, tok

@@ -1,0 +1,173 @@
+"""Built-in rollout engine: batched sampling on a Hugging Face causal LM with a KV cache.
+
+Each unique prompt is prefilled once; its KV cache is then repeated for the n samples of that
+prompt, so a group of G completions costs one prefill, not G. Rows are decoded together until
+every row has hit a stop token or `max_new_tokens`. Sampling supports temperature, top-k and
+top-p; every sample draws its noise from its own generator seeded by (request seed, sample
+index), so results do not depend on how requests were batched together.
+
+Log-probs are those of the sampling distribution softmax(logits / T) before the top-k / top-p
+cut (greedy: softmax(logits)). That matches what the trainer recomputes.
+
+Not covered: stop strings (stop token ids only), speculative decoding, paged attention.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from traingym.types import Completion, GenerationRequest, SamplingParams
+
+
+def _left_pad(rows: list[tuple[int, ...]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids_B_T = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask_B_T = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids_B_T[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        mask_B_T[i, width - len(r) :] = 1
+    return ids_B_T, mask_B_T
+
+
+def _filter_logits(logits_B_V: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Apply top-k then top-p to temperature-scaled logits (cut entries become -inf)."""
+    if params.top_k > 0 and params.top_k < logits_B_V.shape[-1]:
+        kth = torch.topk(logits_B_V, params.top_k, dim=-1).values[:, -1:]
+        logits_B_V = logits_B_V.masked_fill(logits_B_V < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_B_V, order_B_V = torch.sort(logits_B_V, descending=True, dim=-1)
+        cum_B_V = sorted_B_V.softmax(-1).cumsum(-1)
+        cut_B_V = cum_B_V - sorted_B_V.softmax(-1) >= params.top_p  # keep the first token always
+        sorted_B_V = sorted_B_V.masked_fill(cut_B_V, float("-inf"))
+        logits_B_V = torch.empty_like(logits_B_V).scatter_(-1, order_B_V, sorted_B_V)
+    return logits_B_V
+
+
+class TorchEngine:
+    """Rollout engine over an in-process `transformers` model (eval mode, no grad)."""
+
+    def __init__(self, model, pad_token_id: int, max_batch_rows: int = 64, dtype=None):
+        self.model = model.eval()
+        if dtype is not None:
+            self.model.to(dtype)
+        self.pad_token_id = pad_token_id
+        self.max_batch_rows = max_batch_rows
+        self.version = 0
+
+    def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        own = self.model.state_dict()  # tensors share storage with the model's parameters
+        unknown = sorted(set(state) - set(own))
+        if unknown:
+            raise KeyError(f"update_weights: the engine's model has no tensors {unknown[:5]}")
+        with torch.no_grad():
+            for name, tensor in state.items():
+                own[name].copy_(tensor)
+        self.version = version
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        return self.generate_sync(requests)
+
+    def generate_sync(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        out: list[list[Completion]] = [[] for _ in requests]
+        by_params: dict[SamplingParams, list[int]] = {}
+        for i, r in enumerate(requests):
+            if r.n < 1:
+                raise ValueError(f"request {i}: n must be >= 1, got {r.n}")
+            if not r.prompt_ids:
+                raise ValueError(f"request {i}: empty prompt")
+            by_params.setdefault(r.params, []).append(i)
+        for params, idxs in by_params.items():
+            chunk: list[int] = []
+            rows = 0
+            for i in idxs + [None]:
+                if i is not None and (rows + requests[i].n <= self.max_batch_rows or not chunk):
+                    chunk.append(i)
+                    rows += requests[i].n
+                    continue
+                for j, comps in zip(chunk, self._run([requests[k] for k in chunk], params)):
+                    out[j] = comps
+                if i is not None:
+                    chunk, rows = [i], requests[i].n
+        return out
+
+    @torch.no_grad()
+    def _run(self, requests: list[GenerationRequest], params: SamplingParams):
+        model = self.model
+        device = next(model.parameters()).device
+        ids_P_T, mask_P_T = _left_pad([r.prompt_ids for r in requests], self.pad_token_id)
+        ids_P_T, mask_P_T = ids_P_T.to(device), mask_P_T.to(device)
+        pos_P_T = (mask_P_T.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = model(
+            input_ids=ids_P_T, attention_mask=mask_P_T, position_ids=pos_P_T,
+            cache=cache, use_cache=True, logits_to_keep=1,
+        ).logits[:, -1].float()
+        ns = torch.tensor([r.n for r in requests], device=device)
+        logits_B_V = logits.repeat_interleave(ns, dim=0)
+        _repeat_cache(cache, ns)
+        mask_B_T = mask_P_T.repeat_interleave(ns, dim=0)
+        next_pos_B = pos_P_T[:, -1].repeat_interleave(ns, dim=0) + 1
+        gens = [
+            torch.Generator().manual_seed((int(r.seed) * 1_000_003 + k) % (1 << 63))
+            for r in requests for k in range(r.n)
+        ]
+        B = logits_B_V.shape[0]
+        stop = torch.tensor(sorted(params.stop_token_ids), dtype=torch.long, device=device)
+        tokens, logps = [], []
+        alive_B = torch.ones(B, dtype=torch.bool, device=device)
+        for step in range(params.max_new_tokens):
+            tok_B, lp_B = self._sample(logits_B_V, params, gens)
+            tok_B = torch.where(alive_B, tok_B, torch.full_like(tok_B, self.pad_token_id))
+            tokens.append(tok_B)
+            logps.append(lp_B)
+            alive_next = alive_B & ~torch.isin(tok_B, stop) if stop.numel() else alive_B
+            if step == params.max_new_tokens - 1 or not alive_next.any():
+                alive_B = alive_next
+                break
+            mask_B_T = torch.cat([mask_B_T, alive_B.long()[:, None]], dim=1)
+            logits_B_V = model(
+                input_ids=tok_B[:, None], attention_mask=mask_B_T, position_ids=next_pos_B[:, None],
+                cache=cache, use_cache=True,
+            ).logits[:, -1].float()
+            next_pos_B = next_pos_B + 1
+            alive_B = alive_next
+        return self._collect(requests, torch.stack(tokens, 1), torch.stack(logps, 1), stop)
+
+    def _sample(self, logits_B_V, params: SamplingParams, gens):
+        if params.temperature == 0:
+            lp_B_V = logits_B_V.log_softmax(-1)
+            tok_B = lp_B_V.argmax(-1)
+            return tok_B, lp_B_V.gather(-1, tok_B[:, None])[:, 0]
+        scaled_B_V = logits_B_V / params.temperature
+        lp_B_V = scaled_B_V.log_softmax(-1)
+        cut_B_V = _filter_logits(scaled_B_V, params)
+        # Exponential race: argmax(log p - log E), E ~ Exp(1), draws exactly from softmax(cut).
+        noise_B_V = torch.stack([torch.empty(cut_B_V.shape[-1]).exponential_(generator=g) for g in gens])
+        tok_B = (cut_B_V - noise_B_V.to(cut_B_V.device).log()).argmax(-1)
+        return tok_B, lp_B_V.gather(-1, tok_B[:, None])[:, 0]
+
+    def _collect(self, requests, tokens_B_N, logps_B_N, stop):
+        out, row = [], 0
+        tokens, logps = tokens_B_N.tolist(), logps_B_N.tolist()
+        stops = set(stop.tolist())
+        for r in requests:
+            comps = []
+            for _ in range(r.n):
+                ids, lps, reason = [], [], "length"
+                for t, lp in zip(tokens[row], logps[row]):
+                    ids.append(t)
+                    lps.append(lp)
+                    if t in stops:
+                        reason = "stop"
+                        break
+                comps.append(Completion(tuple(r.prompt_ids), ids, lps, reason, self.version))
+                row += 1
+            out.append(comps)
+        return out
+
+
+def _repeat_cache(cache: DynamicCache, ns: torch.Tensor) -> None:
+    for layer in cache.layers:
+        layer.keys = layer.keys.repeat_interleave(ns, dim=0)
+        layer.values = layer.values.repeat_interleave(ns, dim=0)

@@ -1,0 +1,212 @@
+"""Build a run from its config: rows, reward, model, engine, trainer, run directory; resume it.
+
+Everything that can be checked without a model (config, rows, reward, run directory) is
+checked before the model loads, so a bad input fails before any work starts.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import os
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from traingym import checkpoint
+from traingym.config import Config, ConfigError
+from traingym.envs.datasets import load_rows, validate_rows
+from traingym.envs.render import PromptRenderer
+from traingym.envs.single_turn import SingleTurnFactory
+from traingym.envs.tasks import builtin_task, exact_answer
+from traingym.evaluate import as_dict, evaluate, paired_difference
+from traingym.models.loader import load_policy
+from traingym.observability.events import RunLog
+from traingym.observability.progress import Progress
+from traingym.rollout.runner import RolloutRunner
+from traingym.rollout.torch_engine import TorchEngine
+from traingym.trainer.torch_trainer import TorchTrainer
+from traingym.types import SamplingParams
+from traingym.weights.colocated import ColocatedSync
+
+
+class DataStream:
+    """Training rows in a seeded order, a fresh permutation per epoch; resumable by position."""
+
+    def __init__(self, rows: list[dict], seed: int, position: int = 0):
+        self.rows, self.seed, self.position = rows, seed, position
+        self._epoch, self._order = -1, []
+
+    def take(self, n: int) -> list[tuple[int, dict]]:
+        out = []
+        for _ in range(n):
+            epoch, offset = divmod(self.position, len(self.rows))
+            if epoch != self._epoch:
+                self._order = list(range(len(self.rows)))
+                random.Random(self.seed * 1_000_003 + epoch).shuffle(self._order)
+                self._epoch = epoch
+            out.append((self.position, self.rows[self._order[offset]]))
+            self.position += 1
+        return out
+
+
+def import_reward(spec: str) -> Callable:
+    if ":" not in spec:
+        raise ConfigError(f"task.reward={spec!r}: expected 'module:function'")
+    module, name = spec.split(":", 1)
+    fn = getattr(importlib.import_module(module), name, None)
+    if not callable(fn):
+        raise ConfigError(f"task.reward={spec!r}: {module} has no function {name!r}")
+    return fn
+
+
+@dataclass
+class Inputs:
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    reward_fn: Callable
+
+
+def resolve_inputs(cfg: Config, dataset=None, eval_dataset=None, reward=None) -> Inputs:
+    """Rows and reward: arguments first, then config paths, then the built-in task."""
+    t = cfg.task
+    custom = dataset is not None or t.dataset is not None
+    if custom:
+        train_rows = load_rows(dataset if dataset is not None else t.dataset)
+        src = eval_dataset if eval_dataset is not None else t.eval_dataset
+        eval_rows = load_rows(src)[: cfg.eval.num_prompts] if src is not None else []
+        reward_fn = reward or (import_reward(t.reward) if t.reward else None)
+        if reward_fn is None:
+            raise ConfigError("a custom dataset needs a reward: pass reward= or set "
+                              "task.reward='module:function'")
+    else:
+        task = builtin_task(t.name, num_heldout=cfg.eval.num_prompts)
+        train_rows, eval_rows = task.train, task.heldout
+        reward_fn = reward or (import_reward(t.reward) if t.reward else exact_answer)
+    validate_rows(train_rows, ("prompt",), "training dataset")
+    if eval_rows:
+        validate_rows(eval_rows, ("prompt",), "eval dataset")
+    return Inputs(train_rows, eval_rows, reward_fn)
+
+
+def prepare_run_dir(run_dir: Path, cfg: Config, resume: bool) -> None:
+    """Never silently overwrite another run: a folder holding a run needs --resume."""
+    config_path = run_dir / "config.json"
+    resolved = cfg.model_dump(mode="json")
+    if config_path.exists():
+        if not resume:
+            raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it "
+                                  "or choose another --run-dir")
+        previous = json.loads(config_path.read_text())
+        if {k: v for k, v in previous.items() if k != "steps"} != \
+           {k: v for k, v in resolved.items() if k != "steps"}:
+            raise FileExistsError(f"{run_dir} holds a run with a different config; only "
+                                  "`steps` may change on --resume")
+    elif resume:
+        raise FileNotFoundError(f"--resume: {run_dir} holds no run to resume")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(json.dumps(resolved, indent=1))
+
+
+@dataclass
+class Run:
+    cfg: Config
+    run_dir: Path
+    inputs: Inputs
+    tokenizer: Any
+    trainer: TorchTrainer
+    engine: TorchEngine
+    factory: SingleTurnFactory
+    rollouts: RolloutRunner
+    weights: ColocatedSync
+    data: DataStream
+    log: RunLog
+    progress: Progress
+    stop_ids: tuple[int, ...]
+    t_start: float = field(default_factory=time.monotonic)
+
+    def maybe_checkpoint(self, step: int) -> bool:
+        every = self.cfg.checkpoint.every
+        if step + 1 != self.cfg.steps and not (every and (step + 1) % every == 0):
+            return False
+        checkpoint.save(self.run_dir / "checkpoints", step + 1, self.trainer.model,
+                        self.trainer.optimizer, {"data_position": self.data.position},
+                        keep=self.cfg.checkpoint.keep)
+        return True
+
+    def step_metrics(self, step, groups, batch, train_metrics, seconds, saved) -> dict:
+        rewards = [s.reward for g in groups for s in g.samples]
+        lengths = [len(s.completion_ids) for g in groups for s in g.samples]
+        gen_tokens = sum(lengths)
+        return {
+            "step": step + 1,
+            "reward_mean": statistics.fmean(rewards),
+            "reward_std": statistics.pstdev(rewards),
+            **train_metrics,
+            "completion_len_mean": statistics.fmean(lengths),
+            "completion_len_max": max(lengths),
+            "groups": len(groups), "groups_kept": len(batch.groups),
+            "groups_dropped": batch.num_dropped_groups,
+            "gen_tokens": gen_tokens,
+            "gen_tokens_per_s": gen_tokens / max(seconds["rollout"], 1e-9),
+            "tokens_per_s": gen_tokens / max(seconds["step"], 1e-9),
+            **{f"seconds_{k}": v for k, v in seconds.items()},
+            "checkpoint_saved": saved,
+            "elapsed_s": time.monotonic() - self.t_start,
+        }
+
+    def evaluate(self) -> dict:
+        r = self.cfg.rollout
+        return evaluate(self.engine, self.factory, self.inputs.eval_rows, r.temperature,
+                        self.cfg.eval.samples_per_prompt, r.max_new_tokens, self.stop_ids,
+                        seed=self.cfg.seed + 7)
+
+
+def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_dataset=None,
+              reward=None, progress: bool = True) -> tuple[Run, int]:
+    inputs = resolve_inputs(cfg, dataset, eval_dataset, reward)
+    prepare_run_dir(run_dir, cfg, resume)
+    torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    model, tok = load_policy(cfg.model.path, seed=cfg.seed)
+    dtype = torch.bfloat16 if cfg.model.engine_dtype == "bfloat16" else torch.float32
+    engine = TorchEngine(copy.deepcopy(model), tok.pad_token_id, cfg.rollout.max_batch_rows, dtype)
+    trainer = TorchTrainer(model, cfg.trainer, cfg.rollout.temperature, tok.pad_token_id)
+    renderer = PromptRenderer(tok, cfg.task.prefill, cfg.task.system_prompt)
+    factory = SingleTurnFactory(inputs.reward_fn, renderer)
+    stop_ids = tuple(sorted({tok.eos_token_id}))
+    r = cfg.rollout
+    params = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, stop_ids)
+    log = RunLog(run_dir)
+    start_step, position = 0, 0
+    if resume:
+        saved = checkpoint.committed(run_dir / "checkpoints")
+        if saved:
+            state = checkpoint.load(saved[-1], trainer.model, trainer.optimizer)
+            start_step, position = state["step"], state["data_position"]
+        log.truncate_after(start_step)
+    weights = ColocatedSync(engine)
+    weights.publish(trainer.export(), version=start_step)
+    run = Run(cfg, run_dir, inputs, tok, trainer, engine, factory,
+              RolloutRunner(engine, factory, params, r.group_size), weights,
+              DataStream(inputs.train_rows, cfg.seed, position), log,
+              Progress(cfg.steps, start_step, enabled=progress), stop_ids)
+    return run, start_step
+
+
+def eval_report(before: dict | None, after: dict | None, metric: str) -> dict:
+    report: dict = {"target_metric": metric}
+    if before:
+        report["before"] = as_dict(before)
+    if after:
+        report["after"] = as_dict(after)
+    if before and after:
+        report["delta"] = {k: paired_difference(after[k], before[k]) for k in after}
+    return report

@@ -1,0 +1,21 @@
+"""The trainer seam: one optimizer step per batch; export weights; save and restore state."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from traingym.types import Batch
+
+
+class Trainer(Protocol):
+    def train_step(self, batch: Batch) -> dict[str, float]: ...
+
+    def export(self) -> dict[str, torch.Tensor]:
+        """The current weights, detached, for the rollout engines."""
+        ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...

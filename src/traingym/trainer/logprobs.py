@@ -1,0 +1,95 @@
+"""Per-token log-probs of completions, computing each shared prompt once.
+
+The G completions of a group share one prompt. Instead of running G full sequences, the prompt
+is run once with a KV cache, the cache is repeated G times (a differentiable repeat, so gradients
+from every completion flow back into the one prompt pass), and only the completion tokens run
+per sample. Only completion positions go through the LM head. With a 40-token prompt, 8-token
+completions and G = 4 this processes about 2.7x fewer tokens than one sequence per sample, and
+gives the same log-probs and gradients up to float rounding (tests/unit/test_logprobs.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass
+class TokenLogprobs:
+    logp_B_T: torch.Tensor  # log-prob of each completion token (0 where masked)
+    mask_B_T: torch.Tensor  # 1 for real completion tokens, 0 for padding
+    entropy_B_T: torch.Tensor  # entropy of the predictive distribution (no grad)
+
+
+def _left_pad(rows, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = torch.as_tensor(r, dtype=torch.long)
+        mask[i, width - len(r) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _right_pad(rows, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+        mask[i, : len(r)] = 1
+    return ids.to(device), mask.to(device)
+
+
+def completion_logprobs(
+    model,
+    prompts: list[tuple[int, ...]],
+    completions: list[list[list[int]]],
+    temperature: float,
+    pad_token_id: int,
+) -> TokenLogprobs:
+    """Log-probs under softmax(logits / temperature) of completions[p][g] given prompts[p].
+
+    Rows come out prompt-major: row p * G_p + g. Every completion must have at least one token.
+    """
+    device = next(model.parameters()).device
+    ids_P_L, mask_P_L = _left_pad(prompts, pad_token_id, device)
+    pos_P_L = (mask_P_L.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    first_P_V = model(
+        input_ids=ids_P_L, attention_mask=mask_P_L, position_ids=pos_P_L,
+        cache=cache, use_cache=True, logits_to_keep=1,
+    ).logits[:, -1]
+    ns = torch.tensor([len(c) for c in completions], device=device)
+    flat = [c for group in completions for c in group]
+    if any(len(c) == 0 for c in flat):
+        raise ValueError("completion_logprobs: every completion needs at least one token")
+    comp_B_C, cmask_B_C = _right_pad(flat, pad_token_id, device)
+    logits_B_1_V = first_P_V.repeat_interleave(ns, dim=0)[:, None]
+    if comp_B_C.shape[1] > 1:
+        for layer in cache.layers:
+            layer.keys = layer.keys.repeat_interleave(ns, dim=0)
+            layer.values = layer.values.repeat_interleave(ns, dim=0)
+        mask_B_L = mask_P_L.repeat_interleave(ns, dim=0)
+        start_B_1 = pos_P_L[:, -1:].repeat_interleave(ns, dim=0) + 1
+        steps = torch.arange(comp_B_C.shape[1] - 1, device=device)[None]
+        rest_B_Cm1_V = model(
+            input_ids=comp_B_C[:, :-1],
+            attention_mask=torch.cat([mask_B_L, cmask_B_C[:, :-1]], dim=1),
+            position_ids=start_B_1 + steps,
+            cache=cache, use_cache=True,
+        ).logits
+        logits_B_C_V = torch.cat([logits_B_1_V, rest_B_Cm1_V], dim=1)
+    else:
+        logits_B_C_V = logits_B_1_V
+    if logits_B_C_V.dtype in (torch.bfloat16, torch.float16):
+        logits_B_C_V = logits_B_C_V.float()
+    logits_B_C_V = logits_B_C_V / (temperature if temperature > 0 else 1.0)
+    logsm_B_C_V = logits_B_C_V.log_softmax(-1)
+    logp_B_C = logsm_B_C_V.gather(-1, comp_B_C[..., None])[..., 0]
+    with torch.no_grad():
+        entropy_B_C = -(logsm_B_C_V.exp() * logsm_B_C_V).sum(-1)
+    mask = cmask_B_C.to(logp_B_C.dtype)
+    return TokenLogprobs(logp_B_C * mask, mask, entropy_B_C * mask)

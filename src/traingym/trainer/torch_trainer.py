@@ -1,0 +1,92 @@
+"""Single-process torch trainer: GRPO step with micro-batches, grad clipping and AdamW.
+
+One optimizer step per batch, on-policy: the "old" log-probs of the PPO ratio are the trainer's
+own log-probs detached, so the ratio is 1 in value and the clip only matters for later epochs or
+off-policy data (disaggregated mode, a later issue). The loss is summed over all completion
+tokens of the batch and divided by their count (token-level averaging), accumulated over
+micro-batches of whole groups so that each prompt is run once per micro-batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+
+import torch
+
+from traingym.algorithms.losses import grpo_token_loss
+from traingym.config import TrainerConfig
+from traingym.trainer.logprobs import completion_logprobs
+from traingym.types import Batch
+
+
+class TorchTrainer:
+    def __init__(self, model, cfg: TrainerConfig, temperature: float, pad_token_id: int):
+        self.model = model.train()
+        self.cfg = cfg
+        self.temperature = temperature
+        self.pad_token_id = pad_token_id
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas,
+            weight_decay=cfg.weight_decay, foreach=True)
+        self.reference = None
+        if cfg.kl_coef > 0:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def _autocast(self):
+        if not self.cfg.bf16_autocast:
+            return contextlib.nullcontext()
+        device = next(self.model.parameters()).device.type
+        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        total_tokens = sum(len(s.completion_ids) for g in batch.groups for s in g.samples)
+        stats = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0}
+        if total_tokens == 0:
+            return {**stats, "grad_norm": 0.0, "trained_tokens": 0, "lr": self.cfg.lr}
+        self.optimizer.zero_grad(set_to_none=True)
+        mb = self.cfg.micro_batch_groups
+        for start in range(0, len(batch.groups), mb):
+            groups = batch.groups[start : start + mb]
+            advantages = batch.advantages_G[start : start + mb]
+            with self._autocast():
+                out = completion_logprobs(
+                    self.model, [g.samples[0].prompt_ids for g in groups],
+                    [[s.completion_ids for s in g.samples] for g in groups],
+                    self.temperature, self.pad_token_id)
+                ref = None
+                if self.reference is not None:
+                    with torch.no_grad():
+                        ref = completion_logprobs(
+                            self.reference, [g.samples[0].prompt_ids for g in groups],
+                            [[s.completion_ids for s in g.samples] for g in groups],
+                            self.temperature, self.pad_token_id).logp_B_T
+            adv_B = torch.tensor([a for adv in advantages for a in adv], dtype=torch.float32,
+                                 device=out.logp_B_T.device)
+            loss_B_T, kl_B_T, clipped_B_T = grpo_token_loss(
+                out.logp_B_T, out.logp_B_T.detach(), adv_B, self.cfg.clip_low,
+                self.cfg.clip_high, ref, self.cfg.kl_coef)
+            mask = out.mask_B_T
+            (loss_B_T * mask).sum().div(total_tokens).backward()
+            stats["loss"] += float((loss_B_T * mask).sum()) / total_tokens
+            stats["kl"] += float((kl_B_T * mask).sum()) / total_tokens
+            stats["entropy"] += float(out.entropy_B_T.sum()) / total_tokens
+            stats["clip_frac"] += float((clipped_B_T * mask).sum()) / total_tokens
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        if not math.isfinite(float(grad_norm)):
+            raise FloatingPointError(f"gradient norm is {float(grad_norm)}; lower trainer.lr or "
+                                     "turn off trainer.bf16_autocast")
+        self.optimizer.step()
+        return {**stats, "grad_norm": float(grad_norm), "trained_tokens": total_tokens,
+                "lr": self.cfg.lr}
+
+    def export(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
