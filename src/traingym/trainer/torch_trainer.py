@@ -69,8 +69,8 @@ class TorchTrainer:
                 self.cfg.clip_high, ref, self.cfg.kl_coef)
             mask = out.mask_B_T
             (loss_B_T * mask).sum().div(total_tokens).backward()
-            stats["loss"] += float((loss_B_T * mask).sum()) / total_tokens
-            stats["kl"] += float((kl_B_T * mask).sum()) / total_tokens
+            stats["loss"] += float((loss_B_T.detach() * mask).sum()) / total_tokens
+            stats["kl"] += float((kl_B_T.detach() * mask).sum()) / total_tokens
             stats["entropy"] += float(out.entropy_B_T.sum()) / total_tokens
             stats["clip_frac"] += float((clipped_B_T * mask).sum()) / total_tokens
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)

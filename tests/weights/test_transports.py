@@ -1,0 +1,236 @@
+"""Transports over real sockets, files and processes: fan-out, late joiners, backpressure,
+corruption on the wire, and every kind of death raising within a bounded time."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from traingym.weights import tcp
+from traingym.weights.base import PeerDead, TransportTimeout
+from traingym.weights.filesystem import (FilesystemConfig, FilesystemReceiver,
+                                         FilesystemSender, ShmConfig, ShmReceiver, ShmSender)
+from traingym.weights.frame import seal, to_views
+from traingym.weights.codecs import FullCodec
+from traingym.weights.hashing import state_hash
+from traingym.weights.sync import Publisher, PublisherConfig, Subscriber
+from traingym.weights.tcp import TcpConfig, TcpReceiver, TcpSender
+
+torch.set_num_threads(1)
+CTX = mp.get_context("spawn")
+
+
+def synth_states(n: int, size: int = 200_000, density: float = 0.01, seed: int = 0):
+    """bf16 states whose steps change `density` of the elements by +-1 ulp."""
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(size, generator=g) * 0.02).bfloat16()
+    b = torch.randn(64, generator=g).bfloat16()
+    out = [{"w": w.clone(), "b": b.clone()}]
+    rng = np.random.default_rng(seed)
+    for _ in range(n - 1):
+        w16 = w.view(torch.int16).numpy()
+        idx = rng.choice(size, int(size * density), replace=False)
+        w16[idx] += rng.choice(np.array([-1, 1], np.int16), idx.size)
+        out.append({"w": w.clone(), "b": b.clone()})
+    return out
+
+
+def _subscribe(cfg, version, results, delay=0.0):
+    time.sleep(delay)
+    sub = Subscriber(tcp.TcpReceiver(cfg) if cfg.type == "tcp" else ShmReceiver(cfg))
+    st = sub.wait_for(version, 30.0)
+    results.put((os.getpid(), sub.version, state_hash(st), sub.stats.anchors))
+    try:
+        sub.poll(30.0)  # next: the sender's death or close must end this quickly
+    except PeerDead:
+        results.put("peer-dead")
+    except TransportTimeout:
+        results.put("timeout")
+
+
+def test_tcp_fan_out_to_processes_with_a_late_joiner():
+    states = synth_states(6)
+    sender = TcpSender(TcpConfig())
+    cfg = TcpConfig(port=sender.port)
+    results = CTX.Queue()
+    procs = [CTX.Process(target=_subscribe, args=(cfg, 5, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + 60
+    while sender.n_receivers < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    pub = Publisher(sender, PublisherConfig(codec="delta"))
+    for v, s in enumerate(states[:3]):
+        pub.publish(s, v)
+    late = CTX.Process(target=_subscribe, args=(cfg, 5, results))
+    late.start()
+    while sender.n_receivers < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    for v, s in enumerate(states[3:], start=3):
+        pub.publish(s, v)
+    got = [results.get(timeout=60) for _ in range(3)]
+    assert {(g[1], g[2]) for g in got} == {(5, state_hash(states[5]))}
+    sender.close()
+    assert [results.get(timeout=10) for _ in range(3)] == ["peer-dead"] * 3
+    for p in [*procs, late]:
+        p.join(10)
+
+
+def test_tcp_killed_receiver_and_stalled_receiver_do_not_stall_others():
+    states = synth_states(4, size=4_000_000)  # 8 MB anchors: more than the socket buffers
+    sender = TcpSender(TcpConfig(send_timeout_s=1.0))
+    cfg = TcpConfig(port=sender.port, dead_after_s=5.0)
+    good = Subscriber(TcpReceiver(cfg))
+    victim = CTX.Process(target=_subscribe, args=(cfg, 99, CTX.Queue()))
+    victim.start()
+    stalled = socket.create_connection(("127.0.0.1", sender.port))  # says hello, never reads
+    body = json.dumps({"have": None}).encode()
+    stalled.sendall(struct.pack("<4sBQ", b"TGW1", tcp.HELLO, len(body)) + body)
+    while sender.n_receivers < 3:
+        time.sleep(0.05)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join()
+    pub = Publisher(sender, PublisherConfig(codec="full"))
+    t0 = time.monotonic()
+    for v, s in enumerate(states):
+        pub.publish(s, v)
+        good.wait_for(v, 10.0)
+    assert time.monotonic() - t0 < 8.0  # each stall is bounded by send_timeout_s
+    assert sender.n_receivers == 1 and state_hash(good.state) == state_hash(states[-1])
+    stalled.close()
+    sender.close()
+
+
+def _fake_sender(server: socket.socket, frames: list[bytes], then: str) -> None:
+    conn, _ = server.accept()
+    conn.recv(1024)  # HELLO
+    for f in frames:
+        conn.sendall(struct.pack("<4sBQ", b"TGW1", tcp.FRAME, len(f)) + f)
+    if then == "die-mid-frame":
+        conn.sendall(struct.pack("<4sBQ", b"TGW1", tcp.FRAME, 1 << 20) + b"x" * 1000)
+        conn.close()
+    elif then == "go-silent":
+        time.sleep(3.0)
+        conn.close()
+
+
+@pytest.mark.parametrize("then", ["die-mid-frame", "go-silent"])
+def test_tcp_sender_death_leaves_the_receiver_on_its_verified_version(then):
+    s0 = synth_states(1)[0]
+    p = FullCodec().encode(None, s0)
+    import dataclasses
+
+    p = seal(type(p)(dataclasses.replace(p.header, target_version=0,
+                                         target_hash=state_hash(s0)), p.buffers))
+    server = socket.create_server(("127.0.0.1", 0))
+    t = threading.Thread(target=_fake_sender, args=(server, [b"".join(to_views(p))], then))
+    t.start()
+    sub = Subscriber(TcpReceiver(TcpConfig(port=server.getsockname()[1], dead_after_s=0.5)))
+    sub.wait_for(0, 5.0)
+    t0 = time.monotonic()
+    with pytest.raises(PeerDead):
+        sub.poll(10.0)
+    assert time.monotonic() - t0 < 2.0
+    assert sub.valid and sub.version == 0 and state_hash(sub.state) == state_hash(s0)
+    t.join()
+    server.close()
+
+
+class CorruptingTcpSender(TcpSender):
+    """Flips one byte on the wire in the live send of version `bad` (the chain stays good)."""
+
+    bad = 2
+
+    def send(self, payload):
+        if payload.header.target_version != self.bad:
+            return super().send(payload)
+        self.chain.add(payload)
+        views = [bytearray(b"".join(to_views(payload)))]
+        views[0][len(views[0]) - 100] ^= 0x08
+        with self.lock:
+            for peer in self.peers:
+                peer.push([memoryview(views[0])], None)
+
+
+def test_tcp_flipped_byte_is_caught_and_resynced():
+    states = synth_states(5)
+    sender = CorruptingTcpSender(TcpConfig())
+    sub = Subscriber(TcpReceiver(TcpConfig(port=sender.port)))
+    while sender.n_receivers < 1:
+        time.sleep(0.02)
+    pub = Publisher(sender, PublisherConfig(codec="delta"))
+    for v, s in enumerate(states):
+        pub.publish(s, v)
+    sub.wait_for(4, 10.0)
+    assert sub.stats.corrupt == 1 and sub.stats.resyncs >= 1
+    assert state_hash(sub.state) == state_hash(states[4])
+    with pytest.raises(TransportTimeout):
+        sub.receiver.receive(0.2)  # alive but quiet: a timeout, not a hang
+    sender.close()
+
+
+def test_filesystem_publish_is_atomic_resumable_and_collected(tmp_path):
+    states = synth_states(7)
+    cfg = FilesystemConfig(root=str(tmp_path / "w"), dead_after_s=0.5, heartbeat_s=0.1)
+    sender = FilesystemSender(cfg)
+    pub = Publisher(sender, PublisherConfig(codec="delta", anchor_budget=0.05))
+    early = Subscriber(FilesystemReceiver(cfg))
+    for v, s in enumerate(states[:4]):
+        pub.publish(s, v)
+    early.wait_for(3, 5.0)
+    (tmp_path / "w" / ".tmp-000000000004-delta.tgw-1").write_bytes(b"half a frame")
+    with pytest.raises(TransportTimeout):
+        early.poll(0.1)  # a half-written frame is never read
+    for v, s in enumerate(states[4:], start=4):
+        pub.publish(s, v)
+    late = Subscriber(FilesystemReceiver(cfg))
+    for sub in (early, late):
+        sub.wait_for(6, 5.0)
+        assert state_hash(sub.state) == state_hash(states[6])
+    anchors = [f for f in os.listdir(tmp_path / "w") if f.endswith("full.tgw")]
+    assert 1 <= len(anchors) <= 2  # older chains are collected
+    sender._stop.set()  # the sender "dies": heartbeats stop, HEAD never says closed
+    sender._thread.join()
+    t0 = time.monotonic()
+    with pytest.raises(PeerDead):
+        early.poll(30.0)
+    assert time.monotonic() - t0 < 2.0
+
+
+def _shm_publish(name: str, n: int, ready) -> None:
+    states = synth_states(n)
+    pub = Publisher(ShmSender(ShmConfig(name=name)), PublisherConfig(codec="delta"))
+    for v, s in enumerate(states):
+        pub.publish(s, v)
+    ready.set()
+    time.sleep(60)  # killed by the test
+
+
+def test_shm_across_processes_and_sender_death():
+    name = f"test-{os.getpid()}"
+    ready = CTX.Event()
+    proc = CTX.Process(target=_shm_publish, args=(name, 4, ready))
+    proc.start()
+    assert ready.wait(60)
+    sub = Subscriber(ShmReceiver(ShmConfig(name=name)))
+    sub.wait_for(3, 5.0)
+    assert state_hash(sub.state) == state_hash(synth_states(4)[3])
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    t0 = time.monotonic()
+    with pytest.raises(PeerDead):
+        sub.poll(30.0)
+    assert time.monotonic() - t0 < 1.0 and sub.valid and sub.version == 3
+    ShmSender.unlink(type("S", (), {"root": sub.receiver.root})())
