@@ -45,6 +45,8 @@ class RolloutConfig(_Strict):
     top_k: int = Field(0, ge=0, description="0 disables top-k")
     max_new_tokens: int = Field(8, ge=1)
     max_batch_rows: int = Field(64, ge=1, description="rows the engine decodes at once")
+    ignore_eos: bool = Field(False, description="keep sampling past the end-of-turn token, so "
+                             "every completion has exactly max_new_tokens (for benchmarks)")
 
 
 class TrainerConfig(_Strict):
