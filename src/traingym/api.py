@@ -72,7 +72,8 @@ def train(config: Config | dict | str | Path | None = None, *, dataset=None, eva
     if report.get("delta"):
         d = report["delta"]
         show("change (paired over prompts): " + "  ".join(
-            f"{k} {v['delta']:+.3f} ± {v['se']:.3f} ({v['z']:.1f} SE)" for k, v in d.items()))
+            f"{k} {v['delta']:+.3f} ± {v['se']:.3f}"
+            + (f" ({v['z']:.1f} SE)" if v["z"] is not None else "") for k, v in d.items()))
     (run_dir / "results.json").write_text(json.dumps({"final": metrics, "eval": report}, indent=1))
     return TrainResult(run_dir, metrics, report)
 

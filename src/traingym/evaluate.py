@@ -36,7 +36,7 @@ def _score(per_prompt: list[float]) -> Score:
 def paired_difference(after: Score, before: Score) -> dict:
     diffs = [a - b for a, b in zip(after.per_prompt, before.per_prompt)]
     s = _score(diffs)
-    return {"delta": s.mean, "se": s.se, "z": s.mean / s.se if s.se > 0 else math.inf}
+    return {"delta": s.mean, "se": s.se, "z": s.mean / s.se if s.se > 0 else None}
 
 
 def evaluate(engine, factory: EnvFactory, rows: list[dict], temperature: float,

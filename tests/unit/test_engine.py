@@ -1,0 +1,84 @@
+"""The built-in engine against Hugging Face generate and its own log-prob contract (tiny model)."""
+
+import pytest
+import torch
+
+from traingym.models.loader import tiny_model, tiny_tokenizer
+from traingym.rollout.torch_engine import TorchEngine
+from traingym.types import GenerationRequest, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tok = tiny_tokenizer()
+    model = tiny_model(tok, seed=1).eval()
+    prompts = [tuple(tok(f"What is {a} + {b}?")["input_ids"]) for a, b in [(1, 2), (13, 4), (7, 19)]]
+    return tok, model, prompts
+
+
+def test_greedy_matches_hf_generate(setup):
+    tok, model, prompts = setup
+    engine = TorchEngine(model, tok.pad_token_id)
+    params = SamplingParams(temperature=0, max_new_tokens=6)
+    out = engine.generate_sync([GenerationRequest(p, 1, params) for p in prompts])
+    for p, comps in zip(prompts, out):
+        ref = model.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False,
+                             min_new_tokens=6, pad_token_id=tok.pad_token_id)
+        assert comps[0].token_ids == ref[0, len(p):].tolist()
+
+
+def test_logprobs_are_those_of_the_sampling_distribution(setup):
+    tok, model, prompts = setup
+    engine = TorchEngine(model, tok.pad_token_id)
+    params = SamplingParams(temperature=0.7, max_new_tokens=5)
+    comps = engine.generate_sync([GenerationRequest(prompts[1], 3, params, seed=5)])[0]
+    for c in comps:
+        ids = torch.tensor([list(c.prompt_ids) + c.token_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(c.prompt_ids) - 1 : -1] / 0.7
+        ref = logits.log_softmax(-1).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
+
+
+def test_seeded_samples_do_not_depend_on_batching(setup):
+    tok, model, prompts = setup
+    engine = TorchEngine(model, tok.pad_token_id)
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, max_new_tokens=5)
+    together = engine.generate_sync([GenerationRequest(p, 2, params, seed=i) for i, p in enumerate(prompts)])
+    alone = engine.generate_sync([GenerationRequest(prompts[2], 2, params, seed=2)])
+    assert [c.token_ids for c in together[2]] == [c.token_ids for c in alone[0]]
+    again = engine.generate_sync([GenerationRequest(prompts[2], 2, params, seed=3)])
+    assert [c.token_ids for c in again[0]] != [c.token_ids for c in alone[0]]
+
+
+def test_top_k_one_is_greedy_and_stop_tokens_end_rows(setup):
+    tok, model, prompts = setup
+    engine = TorchEngine(model, tok.pad_token_id)
+    greedy = engine.generate_sync([GenerationRequest(prompts[0], 1, SamplingParams(0, max_new_tokens=6))])[0][0]
+    topk1 = engine.generate_sync([GenerationRequest(prompts[0], 2, SamplingParams(1.0, top_k=1, max_new_tokens=6))])[0]
+    assert all(c.token_ids == greedy.token_ids for c in topk1)
+    stop = greedy.token_ids[2]
+    stopped = engine.generate_sync([GenerationRequest(prompts[0], 1, SamplingParams(
+        0, max_new_tokens=6, stop_token_ids=(stop,)))])[0][0]
+    first = greedy.token_ids.index(stop)
+    assert stopped.token_ids == greedy.token_ids[: first + 1] and stopped.finish_reason == "stop"
+    assert greedy.finish_reason == "length" and len(greedy.token_ids) == 6
+
+
+def test_max_batch_rows_splits_without_changing_results(setup):
+    tok, model, prompts = setup
+    params = SamplingParams(temperature=1.0, max_new_tokens=4)
+    reqs = [GenerationRequest(p, 3, params, seed=i) for i, p in enumerate(prompts)]
+    big = TorchEngine(model, tok.pad_token_id, max_batch_rows=64).generate_sync(reqs)
+    small = TorchEngine(model, tok.pad_token_id, max_batch_rows=4).generate_sync(reqs)
+    assert [[c.token_ids for c in g] for g in big] == [[c.token_ids for c in g] for g in small]
+
+
+def test_update_weights_sets_version_and_rejects_unknown(setup):
+    tok, model, _ = setup
+    engine = TorchEngine(tiny_model(tok, seed=9), tok.pad_token_id)
+    engine.update_weights(model.state_dict(), version=3)
+    assert engine.version == 3
+    assert torch.equal(engine.model.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    with pytest.raises(KeyError, match="no tensors"):
+        engine.update_weights({"nope": torch.zeros(1)}, version=4)
