@@ -82,3 +82,17 @@ def test_update_weights_sets_version_and_rejects_unknown(setup):
     assert torch.equal(engine.model.model.embed_tokens.weight, model.model.embed_tokens.weight)
     with pytest.raises(KeyError, match="no tensors"):
         engine.update_weights({"nope": torch.zeros(1)}, version=4)
+
+
+def test_fused_path_matches_hf_path(setup):
+    tok, model, prompts = setup
+    fused = TorchEngine(model, tok.pad_token_id, fused=True)
+    plain = TorchEngine(model, tok.pad_token_id, fused=False)
+    assert fused.fused is not None and plain.fused is None
+    params = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=6)
+    reqs = [GenerationRequest(p, 3, params, seed=i) for i, p in enumerate(prompts)]
+    a, b = fused.generate_sync(reqs), plain.generate_sync(reqs)
+    for ga, gb in zip(a, b):
+        for ca, cb in zip(ga, gb):
+            assert ca.token_ids == cb.token_ids
+            assert torch.allclose(torch.tensor(ca.logprobs), torch.tensor(cb.logprobs), atol=1e-4)

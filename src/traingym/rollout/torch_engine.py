@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from traingym.rollout.fused_llama import FusedLlama, supports
 from traingym.types import Completion, GenerationRequest, SamplingParams
 
 
@@ -47,13 +48,16 @@ def _filter_logits(logits_B_V: torch.Tensor, params: SamplingParams) -> torch.Te
 class TorchEngine:
     """Rollout engine over an in-process `transformers` model (eval mode, no grad)."""
 
-    def __init__(self, model, pad_token_id: int, max_batch_rows: int = 64, dtype=None):
+    def __init__(self, model, pad_token_id: int, max_batch_rows: int = 64, dtype=None,
+                 fused: bool = True):
         self.model = model.eval()
         if dtype is not None:
             self.model.to(dtype)
         self.pad_token_id = pad_token_id
         self.max_batch_rows = max_batch_rows
         self.version = 0
+        # The fused decode path (rollout/fused_llama.py) where the architecture allows it.
+        self.fused = FusedLlama(self.model) if fused and supports(self.model) else None
 
     def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         own = self.model.state_dict()  # tensors share storage with the model's parameters
@@ -63,6 +67,8 @@ class TorchEngine:
         with torch.no_grad():
             for name, tensor in state.items():
                 own[name].copy_(tensor)
+        if self.fused is not None:
+            self.fused.refresh()
         self.version = version
 
     async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
@@ -98,14 +104,9 @@ class TorchEngine:
         ids_P_T, mask_P_T = _left_pad([r.prompt_ids for r in requests], self.pad_token_id)
         ids_P_T, mask_P_T = ids_P_T.to(device), mask_P_T.to(device)
         pos_P_T = (mask_P_T.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        logits = model(
-            input_ids=ids_P_T, attention_mask=mask_P_T, position_ids=pos_P_T,
-            cache=cache, use_cache=True, logits_to_keep=1,
-        ).logits[:, -1].float()
         ns = torch.tensor([r.n for r in requests], device=device)
-        logits_B_V = logits.repeat_interleave(ns, dim=0)
-        _repeat_cache(cache, ns)
+        logits_P_V, forward = self._prefill(ids_P_T, mask_P_T, pos_P_T, ns, params.max_new_tokens)
+        logits_B_V = logits_P_V.repeat_interleave(ns, dim=0)
         mask_B_T = mask_P_T.repeat_interleave(ns, dim=0)
         next_pos_B = pos_P_T[:, -1].repeat_interleave(ns, dim=0) + 1
         gens = [
@@ -126,13 +127,35 @@ class TorchEngine:
                 alive_B = alive_next
                 break
             mask_B_T = torch.cat([mask_B_T, alive_B.long()[:, None]], dim=1)
-            logits_B_V = model(
-                input_ids=tok_B[:, None], attention_mask=mask_B_T, position_ids=next_pos_B[:, None],
-                cache=cache, use_cache=True,
-            ).logits[:, -1].float()
+            logits_B_V = forward(tok_B, next_pos_B, mask_B_T)
             next_pos_B = next_pos_B + 1
             alive_B = alive_next
         return self._collect(requests, torch.stack(tokens, 1), torch.stack(logps, 1), stop)
+
+    def _prefill(self, ids_P_T, mask_P_T, pos_P_T, ns, max_new_tokens: int):
+        """Prefill each prompt once, repeat its cache per sample; return logits and a step fn."""
+        if self.fused is not None:
+            logits, cache = self.fused.prefill(ids_P_T, mask_P_T, pos_P_T,
+                                               ids_P_T.shape[1] + max_new_tokens)
+            cache = [(k.repeat_interleave(ns, 0), v.repeat_interleave(ns, 0)) for k, v in cache]
+
+            def forward(tok_B, pos_B, mask_B_S):
+                return self.fused.decode(tok_B, pos_B, cache, mask_B_S.shape[1] - 1, mask_B_S)
+
+            return logits, forward
+        cache = DynamicCache()
+        logits = self.model(
+            input_ids=ids_P_T, attention_mask=mask_P_T, position_ids=pos_P_T,
+            cache=cache, use_cache=True, logits_to_keep=1,
+        ).logits[:, -1].float()
+        _repeat_cache(cache, ns)
+
+        def forward(tok_B, pos_B, mask_B_S):
+            return self.model(input_ids=tok_B[:, None], attention_mask=mask_B_S,
+                              position_ids=pos_B[:, None], cache=cache,
+                              use_cache=True).logits[:, -1].float()
+
+        return logits, forward
 
     def _sample(self, logits_B_V, params: SamplingParams, gens):
         if params.temperature == 0:

@@ -1,0 +1,110 @@
+"""Built-in engine vs Hugging Face `generate` on the embedded model, side by side in one run.
+
+Same 16 chat prompts, batch 16, exactly 64 new tokens per row (end-of-turn ignored on both
+sides), greedy and sampled at T=1. HF `generate` is timed in every setting we know of on CPU
+(fp32/bf16 x sdpa/eager attention x dynamic/static cache); the ratio is taken against its
+fastest. Each setting gets one warm-up call, then the median of `--repeats` timed calls.
+
+Not compared: throughput at other batch sizes, prompts of other lengths, or against vLLM.
+    python benchmarks/engine_throughput.py [--repeats 3] [--out benchmarks/results/engine_throughput.json]
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from traingym.envs.render import PromptRenderer
+from traingym.envs.tasks import builtin_task
+from traingym.models.embedded import embedded_model_dir
+from traingym.rollout.torch_engine import TorchEngine
+from traingym.types import GenerationRequest, SamplingParams
+
+BATCH, NEW = 16, 64
+
+
+def timed(fn, repeats):
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def hf_setting(folder, prompts, tok, dtype, attn, cache, sample, repeats):
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn).eval()
+    enc = tok.pad({"input_ids": [list(p) for p in prompts]}, padding_side="left", return_tensors="pt")
+    kwargs = dict(max_new_tokens=NEW, min_new_tokens=NEW, pad_token_id=tok.pad_token_id,
+                  do_sample=sample, top_k=0, top_p=1.0, temperature=1.0 if sample else None)
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+
+    def run():
+        with torch.no_grad():
+            out = model.generate(**enc, **kwargs)
+        assert out.shape[1] - enc["input_ids"].shape[1] == NEW
+
+    return timed(run, repeats)
+
+
+def engine_setting(folder, prompts, dtype, sample, repeats, fused=True):
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    engine = TorchEngine(model, pad_token_id=0, fused=fused)
+    params = SamplingParams(temperature=1.0 if sample else 0.0, max_new_tokens=NEW)
+    reqs = [GenerationRequest(p, 1, params, seed=i) for i, p in enumerate(prompts)]
+
+    def run():
+        out = engine.generate_sync(reqs)
+        assert all(len(c[0].token_ids) == NEW for c in out)
+
+    return timed(run, repeats)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="benchmarks/results/engine_throughput.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    folder = embedded_model_dir()
+    tok = AutoTokenizer.from_pretrained(folder)
+    renderer = PromptRenderer(tok, prefill="")
+    prompts = [renderer.ids(r) for r in builtin_task("arith").heldout[:BATCH]]
+    tokens = BATCH * NEW
+    results = {}
+    for sample in (False, True):
+        mode = "sampled" if sample else "greedy"
+        rows = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            d = str(dtype).split(".")[1]
+            for attn in ("sdpa", "eager"):
+                for cache in ("dynamic", "static"):
+                    s = hf_setting(folder, prompts, tok, dtype, attn, cache, sample, args.repeats)
+                    rows[f"hf_generate {d} {attn} {cache}"] = tokens / s
+            rows[f"traingym {d}"] = tokens / engine_setting(folder, prompts, dtype, sample, args.repeats)
+            rows[f"traingym {d} (hf forward)"] = tokens / engine_setting(
+                folder, prompts, dtype, sample, args.repeats, fused=False)
+        best_hf = max((v, k) for k, v in rows.items() if k.startswith("hf_"))
+        best_tg = max((v, k) for k, v in rows.items() if k.startswith("traingym") and "hf forward" not in k)
+        results[mode] = {"tokens_per_s": rows, "best_hf": best_hf[1], "best_traingym": best_tg[1],
+                         "ratio": best_tg[0] / best_hf[0]}
+        print(f"\n{mode}: batch {BATCH}, {NEW} new tokens, {args.threads} threads")
+        for k, v in sorted(rows.items(), key=lambda kv: -kv[1]):
+            print(f"  {k:40s} {v:7.1f} tok/s")
+        print(f"  ratio {best_tg[1]} / {best_hf[1]}: {best_tg[0] / best_hf[0]:.2f}x")
+    results["machine"] = {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
+                          "torch": torch.__version__}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
