@@ -45,6 +45,13 @@ def synth_states(n: int, size: int = 200_000, density: float = 0.01, seed: int =
     return out
 
 
+def _wait_receivers(sender: TcpSender, n: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while sender.n_receivers < n:
+        assert time.monotonic() < deadline, f"only {sender.n_receivers} of {n} receivers"
+        time.sleep(0.02)
+
+
 def _subscribe(cfg, version, results, delay=0.0):
     time.sleep(delay)
     sub = Subscriber(tcp.TcpReceiver(cfg) if cfg.type == "tcp" else ShmReceiver(cfg))
@@ -66,18 +73,13 @@ def test_tcp_fan_out_to_processes_with_a_late_joiner():
     procs = [CTX.Process(target=_subscribe, args=(cfg, 5, results)) for _ in range(2)]
     for p in procs:
         p.start()
-    deadline = time.monotonic() + 60
-    while sender.n_receivers < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    _wait_receivers(sender, 2)
     pub = Publisher(sender, PublisherConfig(codec="delta"))
     for v, s in enumerate(states[:3]):
         pub.publish(s, v)
     late = CTX.Process(target=_subscribe, args=(cfg, 5, results))
     late.start()
-    while sender.n_receivers < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    _wait_receivers(sender, 3)
     for v, s in enumerate(states[3:], start=3):
         pub.publish(s, v)
     got = [results.get(timeout=60) for _ in range(3)]
@@ -93,13 +95,13 @@ def test_tcp_killed_receiver_and_stalled_receiver_do_not_stall_others():
     sender = TcpSender(TcpConfig(send_timeout_s=1.0))
     cfg = TcpConfig(port=sender.port, dead_after_s=5.0)
     good = Subscriber(TcpReceiver(cfg))
-    victim = CTX.Process(target=_subscribe, args=(cfg, 99, CTX.Queue()))
+    victim_results = CTX.Queue()
+    victim = CTX.Process(target=_subscribe, args=(cfg, 99, victim_results))
     victim.start()
     stalled = socket.create_connection(("127.0.0.1", sender.port))  # says hello, never reads
     body = json.dumps({"have": None}).encode()
     stalled.sendall(struct.pack("<4sBQ", b"TGW1", tcp.HELLO, len(body)) + body)
-    while sender.n_receivers < 3:
-        time.sleep(0.05)
+    _wait_receivers(sender, 3)
     os.kill(victim.pid, signal.SIGKILL)
     victim.join()
     pub = Publisher(sender, PublisherConfig(codec="full"))
@@ -115,14 +117,15 @@ def test_tcp_killed_receiver_and_stalled_receiver_do_not_stall_others():
 
 def _fake_sender(server: socket.socket, frames: list[bytes], then: str) -> None:
     conn, _ = server.accept()
-    conn.recv(1024)  # HELLO
+    hdr = conn.recv(13, socket.MSG_WAITALL)  # HELLO
+    conn.recv(struct.unpack("<4sBQ", hdr)[2], socket.MSG_WAITALL)
     for f in frames:
         conn.sendall(struct.pack("<4sBQ", b"TGW1", tcp.FRAME, len(f)) + f)
     if then == "die-mid-frame":
         conn.sendall(struct.pack("<4sBQ", b"TGW1", tcp.FRAME, 1 << 20) + b"x" * 1000)
         conn.close()
     elif then == "go-silent":
-        time.sleep(3.0)
+        time.sleep(1.5)
         conn.close()
 
 
@@ -168,8 +171,7 @@ def test_tcp_flipped_byte_is_caught_and_resynced():
     states = synth_states(5)
     sender = CorruptingTcpSender(TcpConfig())
     sub = Subscriber(TcpReceiver(TcpConfig(port=sender.port)))
-    while sender.n_receivers < 1:
-        time.sleep(0.02)
+    _wait_receivers(sender, 1)
     pub = Publisher(sender, PublisherConfig(codec="delta"))
     for v, s in enumerate(states):
         pub.publish(s, v)
