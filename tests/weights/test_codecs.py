@@ -162,3 +162,10 @@ def test_changed_positions_matches_naive():
     assert np.array_equal(changed_positions(a, b), np.sort(idx))
     a4, b4 = a[:100000], b[:100000]
     assert np.array_equal(changed_positions(a4, b4), np.flatnonzero(a4 != b4))
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=300))
+def test_class_coding_round_trip(values):
+    v = np.array(values, dtype=np.uint64)
+    classes, mantissa = entropy.class_encode(v)
+    assert np.array_equal(entropy.class_decode(classes, mantissa), v)

@@ -3,7 +3,7 @@
 delta, per tensor, picks the smallest of:
 - sparse: changed positions, gap-coded and Rice-coded; values as the integer difference of
   order-preserving bit keys (so +-1 ulp, across zero too, is a small number), zigzagged,
-  one byte each with escapes, then zstd (Huffman stage). Positions and values are separate
+  coded as an exponent class (zstd: its Huffman stage) plus raw low bits. Positions and values are separate
   streams. This is where 1-3%-dense RL updates land.
 - xor: old ^ new, split into byte planes, zstd. For dense changes with large differences.
 - raw: the new bytes. Never worse than a full send of that tensor.
@@ -108,13 +108,15 @@ class DeltaCodec:
             if pos.size == 0:
                 out.add(name, t, "same", [])
                 continue
-            options = [("raw", [b.copy()], ())]
+            options = [("raw", [b], ())]
             if pos.size < 0.5 * a.size:
                 options.append(("sparse", *self._sparse(a, b, pos, t.is_floating_point(), zc)))
             if pos.size >= XOR_MIN_DENSITY * a.size:
                 planes = (a ^ b).view(np.uint8).reshape(-1, a.itemsize).T.copy()
                 options.append(("xor", [zc.compress(planes.data)], ()))
             method, bufs, params = min(options, key=lambda o: sum(len(x) for x in o[1]))
+            if method == "raw":
+                bufs = [b.copy()]  # the payload must not alias the caller's tensor
             out.add(name, t, method, bufs, int(pos.size), params)
         return out.payload("delta")
 
@@ -124,8 +126,8 @@ class DeltaCodec:
         k = entropy.best_k(gaps)
         unary, low, gesc, n_gesc = entropy.rice_encode(gaps, k)
         d = _signed_diff(_keys(a[pos], is_float), _keys(b[pos], is_float))
-        small, vesc = entropy.bytes_encode(entropy.zigzag(d) - np.uint64(1))
-        return [unary, low, gesc, zc.compress(small), vesc], (k, n_gesc)
+        classes, mantissa = entropy.class_encode(entropy.zigzag(d) - np.uint64(1))
+        return [unary, low, gesc, zc.compress(classes), mantissa], (k, n_gesc)
 
     def decode(self, old: State | None, payload: Payload) -> State:
         if old is None:
@@ -148,13 +150,14 @@ def _apply_tensor(a: np.ndarray, e: TensorEntry, bufs: list[memoryview], is_floa
         a ^= planes.reshape(a.itemsize, -1).T.copy().view(a.dtype).reshape(-1)
     elif e.method == "sparse":
         k, n_gesc = e.params
-        unary, low, gesc, vals_z, vesc = bufs
+        unary, low, gesc, classes_z, mantissa = bufs
         gaps = entropy.rice_decode(unary, low, gesc, e.n_changed, k)
         pos = (np.cumsum(gaps + np.uint64(1)) - np.uint64(1)).view(np.int64)
         if pos.size and (pos[-1] >= a.size or pos[-1] < 0):
             raise IntegrityError(f"{e.name}: position out of range")
-        small = zstandard.ZstdDecompressor().decompress(vals_z, max_output_size=e.n_changed)
-        d = entropy.unzigzag(entropy.bytes_decode(small, vesc) + np.uint64(1))
+        classes = zstandard.ZstdDecompressor().decompress(classes_z,
+                                                          max_output_size=e.n_changed)
+        d = entropy.unzigzag(entropy.class_decode(classes, mantissa) + np.uint64(1))
         if d.size != pos.size:
             raise IntegrityError(f"{e.name}: {d.size} values for {pos.size} positions")
         ka = _keys(a[pos], is_float)

@@ -1,0 +1,270 @@
+"""Weight-sync benchmark on real RL updates. Results for BENCHMARKS.md ("## Weight sync").
+
+    python benchmarks/weight_sync.py                 # all sections, writes results JSON
+    python benchmarks/weight_sync.py --sections compress,throughput --steps 20
+
+Sections:
+  compress    SmolLM2-135M (the embedded model, fp32 master weights), AdamW at an RL learning
+              rate on a policy-gradient surrogate, bf16 state after every step: changed
+              fraction; bytes per changed element and ratio to full for full, int32 positions
+              + raw values, XOR + zstd, traingym delta; the zeroth-order entropy floor.
+  throughput  encode and decode+apply in GB/s of model bytes, one thread, next to memcpy.
+  tcp         1 GB bf16 state (the 135M state tiled 4x, with a real step's delta) over TCP:
+              through a veth pair into a network namespace with `tc tbf rate 1gbit`, and over
+              unlimited loopback; full against delta, receiver-verified; what "auto" picks.
+Entropy floor: per tensor, N*H(n/N) bits for which elements changed plus n times the
+empirical entropy of the key differences: the best a coder that treats positions as
+independent and values as i.i.d. per tensor can do (structure-aware coders can go below).
+Needs root for the namespace section; without `ip netns` it stops with an error (the
+rate-limited-socket fallback is not implemented).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import zstandard  # noqa: E402
+
+torch.set_num_threads(1)
+from traingym.weights import entropy  # noqa: E402
+from traingym.weights.codecs import DeltaCodec, apply, changed_positions  # noqa: E402
+from traingym.weights.hashing import bits, state_hash  # noqa: E402
+
+MODEL_DIR = Path.home() / ".cache/traingym/models/smollm2-135m-instruct"
+
+
+def rl_stream(steps: int, lr: float):
+    from transformers import AutoModelForCausalLM
+
+    from traingym.weights.realistic import rl_states
+
+    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32)
+    model.config.tie_word_embeddings = True
+    t0 = time.perf_counter()
+    states = []
+    for s in rl_states(model, steps, lr=lr, batch=2, seq=48):
+        states.append({k: v for k, v in s.items() if k != "lm_head.weight"})  # tied
+        print(f"  step {len(states) - 1}: {time.perf_counter() - t0:.0f}s", flush=True)
+    return states
+
+
+def _entropy_bits(x: np.ndarray) -> float:
+    _, counts = np.unique(x, return_counts=True)
+    p = counts / counts.sum()
+    return float(-(counts * np.log2(p)).sum())
+
+
+def step_sizes(old, new) -> dict:
+    zc = zstandard.ZstdCompressor(level=3)
+    n = total = xor_bytes = 0
+    floor_bits = 0.0
+    for k in old:
+        a, b = bits(old[k]), bits(new[k])
+        pos = changed_positions(a, b)
+        total += a.size
+        n += pos.size
+        xor_bytes += len(zc.compress((a ^ b).tobytes()))
+        if pos.size:
+            p = pos.size / a.size
+            h = 0.0 if p >= 1 else -(p * np.log2(p) + (1 - p) * np.log2(1 - p))
+            d = (entropy.float_key(b[pos]) - entropy.float_key(a[pos])).view(np.int16)
+            floor_bits += a.size * h + _entropy_bits(d)
+    delta = DeltaCodec().encode(old, new).nbytes
+    full = total * 2
+    return {"elements": total, "changed": n, "density": n / total, "full": full,
+            "int32_raw": n * 6, "xor_zstd": xor_bytes, "traingym": delta,
+            "floor": floor_bits / 8}
+
+
+def section_compress(states) -> dict:
+    rows = [step_sizes(a, b) for a, b in zip(states, states[1:])]
+    for i, r in enumerate(rows, 1):
+        print(f"  step {i:2d}: density {r['density']:.4f}  "
+              + "  ".join(f"{m} {r[m] / max(r['changed'], 1):.3f}B/ch"
+                          for m in ("int32_raw", "xor_zstd", "traingym", "floor")), flush=True)
+    return {"steps": rows}
+
+
+def _best(fn, repeat: int = 3) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def section_throughput(old, new) -> dict:
+    model_bytes = sum(t.numel() * t.element_size() for t in new.values())
+    big = np.random.default_rng(0).integers(0, 255, 256 << 20, dtype=np.uint8)
+    dst = np.empty_like(big)
+    memcpy = big.nbytes / _best(lambda: np.copyto(dst, big))
+    codec = DeltaCodec()
+    payload = codec.encode(old, new)
+    work = {k: v.clone() for k, v in old.items()}
+
+    def decode():
+        for k, v in old.items():  # reset outside the timed part would double memory; time it
+            bits(work[k])[:] = bits(v)
+        apply(work, payload)
+
+    reset = _best(lambda: [bits(work[k]).__setitem__(slice(None), bits(v))
+                           for k, v in old.items()])
+    enc = _best(lambda: codec.encode(old, new))
+    dec = _best(decode) - reset
+    h = _best(lambda: state_hash(new))
+    assert state_hash(work) == state_hash(new)
+    out = {"model_bytes": model_bytes, "memcpy_GBps": memcpy / 1e9,
+           "encode_GBps": model_bytes / enc / 1e9, "decode_apply_GBps": model_bytes / dec / 1e9,
+           "hash_GBps": model_bytes / h / 1e9,
+           "encode_with_hash_GBps": model_bytes / (enc + h) / 1e9,
+           "decode_with_2_hashes_GBps": model_bytes / (dec + 2 * h) / 1e9,
+           "density": sum(e.n_changed for e in payload.header.tensors) / (model_bytes / 2)}
+    print("  " + "  ".join(f"{k} {v:.3g}" for k, v in out.items()), flush=True)
+    return out
+
+
+# ---------------------------------------------------------------- tcp end to end
+NS, VETH_HOST, VETH_NS = "tgws-bench", "tgws0", "tgws1"
+HOST_IP, NS_IP = "10.231.7.1", "10.231.7.2"
+
+
+def _sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True)
+
+
+def netns_up(rate: str) -> None:
+    _sh("ip", "netns", "add", NS)
+    _sh("ip", "link", "add", VETH_HOST, "type", "veth", "peer", "name", VETH_NS)
+    _sh("ip", "link", "set", VETH_NS, "netns", NS)
+    _sh("ip", "addr", "add", f"{HOST_IP}/30", "dev", VETH_HOST)
+    _sh("ip", "link", "set", VETH_HOST, "up")
+    _sh("ip", "netns", "exec", NS, "ip", "addr", "add", f"{NS_IP}/30", "dev", VETH_NS)
+    _sh("ip", "netns", "exec", NS, "ip", "link", "set", VETH_NS, "up")
+    _sh("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")
+    for dev, pre in ((VETH_HOST, []), (VETH_NS, ["ip", "netns", "exec", NS])):
+        _sh(*pre, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+            "burst", "1mb", "latency", "100ms")
+
+
+def netns_down() -> None:
+    subprocess.run(["ip", "link", "del", VETH_HOST], check=False)
+    subprocess.run(["ip", "netns", "del", NS], check=False)
+
+
+def tiled(state, copies: int):
+    return {f"{i}.{k}": v.clone() for i in range(copies) for k, v in state.items()}
+
+
+def receiver_main(host: str, port: int, versions: int) -> None:
+    from traingym.weights.sync import Subscriber
+    from traingym.weights.tcp import TcpConfig, TcpReceiver
+
+    sub = Subscriber(TcpReceiver(TcpConfig(host=host, port=port, connect_timeout_s=60,
+                                           dead_after_s=60)))
+    for v in range(versions):
+        sub.wait_for(v, 300)
+        print(json.dumps({"version": sub.version, "t": time.time(),
+                          "hash": sub.hash}), flush=True)
+
+
+def run_link(old, new, host_bind: str, connect_to: str, netns: bool) -> dict:
+    from traingym.weights.sync import Publisher, PublisherConfig
+    from traingym.weights.tcp import TcpConfig, TcpSender
+
+    sender = TcpSender(TcpConfig(host=host_bind, send_timeout_s=300))
+    cmd = [sys.executable, __file__, "--receive", f"{connect_to}:{sender.port}:4"]
+    if netns:
+        cmd = ["ip", "netns", "exec", NS, *cmd]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    while sender.n_receivers < 1:
+        time.sleep(0.05)
+    results = {}
+    # v0 full (anchor), v1 delta, v2 full again (codec=full), v3 auto
+    plan = [("full", old), ("delta", new), ("full", old), ("auto", new)]
+    pub = Publisher(sender, PublisherConfig(codec="delta", anchor_budget=10.0))
+    for v, (codec, state) in enumerate(plan):
+        pub.cfg = PublisherConfig(codec=codec, anchor_budget=10.0)
+        t0 = time.time()
+        stats = pub.publish(state, v)
+        line = json.loads(proc.stdout.readline())
+        assert line["version"] == v and line["hash"] == pub.hash, line
+        results[f"v{v}_{codec}"] = {"seconds": line["t"] - t0, "codec_sent": stats.codec,
+                                    "bytes": stats.payload_bytes, "reason": stats.reason,
+                                    "encode_s": stats.encode_s, "send_s": stats.send_s}
+        print(f"  v{v} asked {codec}: sent {stats.codec} {stats.payload_bytes / 1e6:.1f} MB "
+              f"in {line['t'] - t0:.3f}s end to end (encode {stats.encode_s:.3f}s, "
+              f"send {stats.send_s:.3f}s), hash verified", flush=True)
+    proc.wait(60)
+    sender.close()
+    full_s = (results["v0_full"]["seconds"] + results["v2_full"]["seconds"]) / 2
+    results["full_over_delta"] = full_s / results["v1_delta"]["seconds"]
+    return results
+
+
+def section_tcp(old, new, copies: int) -> dict:
+    big_old, big_new = tiled(old, copies), tiled(new, copies)
+    gb = sum(t.numel() * 2 for t in big_old.values()) / 1e9
+    print(f"  state {gb:.2f} GB", flush=True)
+    out = {"state_GB": gb}
+    netns_down()
+    try:
+        netns_up("1gbit")
+        print("  1 Gbit/s veth + tbf:", flush=True)
+        out["limited_1gbit"] = run_link(big_old, big_new, HOST_IP, HOST_IP, netns=True)
+    finally:
+        netns_down()
+    print("  unlimited loopback:", flush=True)
+    out["loopback"] = run_link(big_old, big_new, "127.0.0.1", "127.0.0.1", netns=False)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sections", default="compress,throughput,tcp")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--copies", type=int, default=4)
+    ap.add_argument("--out", default="benchmarks/weight_sync_results.json")
+    ap.add_argument("--receive", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.receive:
+        host, port, n = args.receive.split(":")
+        return receiver_main(host, int(port), int(n))
+    sections = args.sections.split(",")
+    print(f"SmolLM2-135M, AdamW lr={args.lr}, {args.steps} steps", flush=True)
+    states = rl_stream(args.steps, args.lr)
+    res = {"lr": args.lr, "steps": args.steps, "cpu": os.cpu_count()}
+    densities = [step_sizes(a, b)["density"] for a, b in zip(states, states[1:])] \
+        if "compress" not in sections else None
+    if "compress" in sections:
+        res["compress"] = section_compress(states)
+        densities = [r["density"] for r in res["compress"]["steps"]]
+    # the step closest to 1% density stands for "realistic" in the timed sections
+    mid = int(np.argmin([abs(d - 0.01) for d in densities])) + 1
+    res["timed_step"], res["timed_density"] = mid, densities[mid - 1]
+    old, new = states[mid - 1], states[mid]
+    del states
+    if "throughput" in sections:
+        print(f"throughput on step {mid} (density {densities[mid - 1]:.4f})", flush=True)
+        res["throughput"] = section_throughput(old, new)
+    if "tcp" in sections:
+        print(f"tcp end to end on step {mid}", flush=True)
+        res["tcp"] = section_tcp(old, new, args.copies)
+    Path(args.out).write_text(json.dumps(res, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
