@@ -133,31 +133,34 @@ def class_encode(v: np.ndarray) -> tuple[bytes, bytes]:
     the bits below its leading one, concatenated (raw). Near-optimal for magnitudes spread
     over many octaves, exact for small ones (0 and 1 cost only their class)."""
     cls = _bit_length(v)
-    if v.size == 0:
-        return b"", b""
-    width = max(8, 1 << int(np.ceil(np.log2(max(int(cls.max()), 1)))))
-    be = v.astype(f">u{width // 8}").view(np.uint8).reshape(-1, width // 8)
+    wide = np.flatnonzero(cls >= 2)  # only these carry mantissa bits
+    if wide.size == 0:
+        return cls.tobytes(), b""
+    c = cls[wide].astype(np.int64)
+    width = max(8, 1 << int(np.ceil(np.log2(int(c.max())))))
+    be = v[wide].astype(f">u{width // 8}").view(np.uint8).reshape(-1, width // 8)
     allbits = np.unpackbits(be, axis=1)  # (n, width), most significant first
-    keep = np.arange(width)[None, :] > (width - cls.astype(np.int64))[:, None]
+    keep = np.arange(width)[None, :] > (width - c)[:, None]
     return cls.tobytes(), np.packbits(allbits[keep]).tobytes()
 
 
 def class_decode(classes, mantissa) -> np.ndarray:
     cls = np.frombuffer(classes, np.uint8)
-    if cls.size == 0:
-        return np.zeros(0, np.uint64)
-    if int(cls.max()) > 64:
+    if cls.size and int(cls.max()) > 64:
         raise ValueError("value class out of range")
-    width = max(8, 1 << int(np.ceil(np.log2(max(int(cls.max()), 1)))))
-    keep = np.arange(width)[None, :] > (width - cls.astype(np.int64))[:, None]
+    v = cls.astype(np.uint64)  # classes 0 and 1 are the values 0 and 1
+    wide = np.flatnonzero(cls >= 2)
+    if wide.size == 0:
+        return v
+    c = cls[wide].astype(np.int64)
+    width = max(8, 1 << int(np.ceil(np.log2(int(c.max())))))
+    keep = np.arange(width)[None, :] > (width - c)[:, None]
     n_bits = int(keep.sum())
     stream = np.unpackbits(np.frombuffer(mantissa, np.uint8), count=n_bits)
     if stream.size != n_bits:
         raise ValueError("mantissa stream too short")
-    allbits = np.zeros((cls.size, width), np.uint8)
+    allbits = np.zeros((wide.size, width), np.uint8)
     allbits[keep] = stream
-    lead = cls > 0
-    rows = np.flatnonzero(lead)
-    allbits[rows, width - cls[lead].astype(np.int64)] = 1
-    v = np.packbits(allbits, axis=1).view(f">u{width // 8}").reshape(-1)
-    return v.astype(np.uint64)
+    allbits[np.arange(wide.size), width - c] = 1
+    v[wide] = np.packbits(allbits, axis=1).view(f">u{width // 8}").reshape(-1)
+    return v
