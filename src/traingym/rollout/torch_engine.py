@@ -1,7 +1,9 @@
 """Built-in rollout engine: batched sampling on a Hugging Face causal LM with a KV cache.
 
 Each unique prompt is prefilled once; its KV cache is then repeated for the n samples of that
-prompt, so a group of G completions costs one prefill, not G. Rows are decoded together until
+prompt, so a group of G completions costs one prefill, not G. Llama-architecture models decode
+through rollout/fused_llama.py (fused projections, preallocated cache); others through the plain
+Hugging Face forward. Rows are decoded together until
 every row has hit a stop token or `max_new_tokens`. Sampling supports temperature, top-k and
 top-p; every sample draws its noise from its own generator seeded by (request seed, sample
 index), so results do not depend on how requests were batched together.
@@ -99,8 +101,7 @@ class TorchEngine:
 
     @torch.no_grad()
     def _run(self, requests: list[GenerationRequest], params: SamplingParams):
-        model = self.model
-        device = next(model.parameters()).device
+        device = next(self.model.parameters()).device
         ids_P_T, mask_P_T = _left_pad([r.prompt_ids for r in requests], self.pad_token_id)
         ids_P_T, mask_P_T = ids_P_T.to(device), mask_P_T.to(device)
         pos_P_T = (mask_P_T.cumsum(-1) - 1).clamp(min=0)
