@@ -68,8 +68,9 @@ class EvalConfig(_Strict):
     samples_per_prompt: int = Field(4, ge=1, description="samples per prompt at the training temperature")
     before: bool = Field(True, description="evaluate the base model before training")
     after: bool = Field(True, description="evaluate the trained model after the last step")
-    metric: Literal["reward_sampled", "reward_greedy"] = Field(
-        "reward_sampled", description="the metric the run names in advance as its target")
+    metric: Literal["sampled", "greedy"] = Field(
+        "sampled", description="the held-out metric the run names in advance as its target: "
+        "mean reward sampled at the training temperature, or greedy")
 
 
 class CheckpointConfig(_Strict):
