@@ -128,7 +128,7 @@ class Run:
     data: DataStream
     log: RunLog
     progress: Progress
-    stop_ids: tuple[int, ...]
+    eval_stop_ids: tuple[int, ...]  # evaluation always ends at end of turn
     t_start: float = field(default_factory=time.monotonic)
 
     def maybe_checkpoint(self, step: int) -> bool:
@@ -164,7 +164,7 @@ class Run:
     def evaluate(self) -> dict:
         r = self.cfg.rollout
         return evaluate(self.engine, self.factory, self.inputs.eval_rows, r.temperature,
-                        self.cfg.eval.samples_per_prompt, r.max_new_tokens, self.stop_ids,
+                        self.cfg.eval.samples_per_prompt, r.max_new_tokens, self.eval_stop_ids,
                         seed=self.cfg.seed + 7)
 
 
@@ -197,7 +197,7 @@ def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_datas
     run = Run(cfg, run_dir, inputs, tok, trainer, engine, factory,
               RolloutRunner(engine, factory, params, r.group_size), weights,
               DataStream(inputs.train_rows, cfg.seed, position), log,
-              Progress(cfg.steps, start_step, enabled=progress), stop_ids)
+              Progress(cfg.steps, start_step, enabled=progress), (tok.eos_token_id,))
     return run, start_step
 
 

@@ -5,6 +5,10 @@ own log-probs detached, so the ratio is 1 in value and the clip only matters for
 off-policy data (disaggregated mode, a later issue). The loss is summed over all completion
 tokens of the batch and divided by their count (token-level averaging), accumulated over
 micro-batches of whole groups so that each prompt is run once per micro-batch.
+
+A batch in which every group was dropped (all rewards equal within each group) has nothing to
+learn from: the step makes no optimizer update but still counts as a step, and its
+events.jsonl record shows `groups_kept: 0` and `trained_tokens: 0`.
 """
 
 from __future__ import annotations
