@@ -19,11 +19,13 @@ def test_fused_engine_matches_hf_greedy_on_embedded_model():
     ids = tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}],
                                   add_generation_prompt=True, tokenize=False) + "The answer is"
     prompt = tuple(tok(ids, add_special_tokens=False)["input_ids"])
+    eos = tok.eos_token_id
     out = TorchEngine(model, tok.pad_token_id).generate_sync(
-        [GenerationRequest(prompt, 1, SamplingParams(0, max_new_tokens=12))])[0][0]
-    ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12,
-                         do_sample=False, pad_token_id=tok.pad_token_id)
-    assert out.token_ids == ref[0, len(prompt):].tolist()
+        [GenerationRequest(prompt, 1, SamplingParams(0, max_new_tokens=12, stop_token_ids=(eos,)))])[0][0]
+    ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                         eos_token_id=eos, pad_token_id=tok.pad_token_id)[0, len(prompt):].tolist()
+    ref = ref[: ref.index(eos) + 1] if eos in ref else ref
+    assert out.token_ids == ref
 
 
 def test_embedded_default_runs_three_steps(tmp_path):
