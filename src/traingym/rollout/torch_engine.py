@@ -19,18 +19,9 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from traingym.padding import left_pad
 from traingym.rollout.fused_llama import FusedLlama, supports
 from traingym.types import Completion, GenerationRequest, SamplingParams
-
-
-def _left_pad(rows: list[tuple[int, ...]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids_B_T = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask_B_T = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids_B_T[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-        mask_B_T[i, width - len(r) :] = 1
-    return ids_B_T, mask_B_T
 
 
 def _filter_logits(logits_B_V: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -102,8 +93,7 @@ class TorchEngine:
     @torch.no_grad()
     def _run(self, requests: list[GenerationRequest], params: SamplingParams):
         device = next(self.model.parameters()).device
-        ids_P_T, mask_P_T = _left_pad([r.prompt_ids for r in requests], self.pad_token_id)
-        ids_P_T, mask_P_T = ids_P_T.to(device), mask_P_T.to(device)
+        ids_P_T, mask_P_T = left_pad([r.prompt_ids for r in requests], self.pad_token_id, device)
         pos_P_T = (mask_P_T.cumsum(-1) - 1).clamp(min=0)
         ns = torch.tensor([r.n for r in requests], device=device)
         logits_P_V, forward = self._prefill(ids_P_T, mask_P_T, pos_P_T, ns, params.max_new_tokens)

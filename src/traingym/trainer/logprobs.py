@@ -15,32 +15,14 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from traingym.padding import left_pad, right_pad
+
 
 @dataclass
 class TokenLogprobs:
     logp_B_T: torch.Tensor  # log-prob of each completion token (0 where masked)
     mask_B_T: torch.Tensor  # 1 for real completion tokens, 0 for padding
     entropy_B_T: torch.Tensor  # entropy of the predictive distribution (no grad)
-
-
-def _left_pad(rows, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r) :] = torch.as_tensor(r, dtype=torch.long)
-        mask[i, width - len(r) :] = 1
-    return ids.to(device), mask.to(device)
-
-
-def _right_pad(rows, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
-        mask[i, : len(r)] = 1
-    return ids.to(device), mask.to(device)
 
 
 def completion_logprobs(
@@ -55,7 +37,7 @@ def completion_logprobs(
     Rows come out prompt-major: row p * G_p + g. Every completion must have at least one token.
     """
     device = next(model.parameters()).device
-    ids_P_L, mask_P_L = _left_pad(prompts, pad_token_id, device)
+    ids_P_L, mask_P_L = left_pad(prompts, pad_token_id, device)
     pos_P_L = (mask_P_L.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
     first_P_V = model(
@@ -66,7 +48,7 @@ def completion_logprobs(
     flat = [c for group in completions for c in group]
     if any(len(c) == 0 for c in flat):
         raise ValueError("completion_logprobs: every completion needs at least one token")
-    comp_B_C, cmask_B_C = _right_pad(flat, pad_token_id, device)
+    comp_B_C, cmask_B_C = right_pad(flat, pad_token_id, device)
     logits_B_1_V = first_P_V.repeat_interleave(ns, dim=0)[:, None]
     if comp_B_C.shape[1] > 1:
         for layer in cache.layers:
