@@ -87,9 +87,12 @@ class FusedLlama:
 
     @torch.no_grad()
     def decode(self, tok_B, pos_B, cache, length: int, mask_B_S):
-        """One token per row at cache slot `length`; mask_B_S covers slots 0..length."""
+        """One token per row at cache slot `length`; mask_B_S covers slots 0..length. Attention
+        runs over the whole preallocated cache (contiguous, so no copies), masking later slots."""
         h = F.embedding(tok_B[:, None], self.embed)
-        h = self._layers(h, pos_B[:, None], cache, length, mask_B_S.bool()[:, None, None, :])
+        capacity = cache[0][0].shape[2]
+        mask_B_C = F.pad(mask_B_S.bool(), (0, capacity - mask_B_S.shape[1]), value=False)
+        h = self._layers(h, pos_B[:, None], cache, length, mask_B_C[:, None, None, :])
         return self._logits(h[:, -1])
 
     def _layers(self, h, pos_B_T, cache, start: int, attn_mask):
@@ -104,8 +107,8 @@ class FusedLlama:
             k_cache[:, :, start:end] = self._rotate(k, cos, sin)
             v_cache[:, :, start:end] = v
             q = self._rotate(q, cos, sin)
-            if T == 1:
-                att = self._decode_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask)
+            if T == 1:  # over the whole (contiguous) cache; unfilled slots are masked out
+                att = self._decode_attention(q, k_cache, v_cache, attn_mask)
             else:
                 att = F.scaled_dot_product_attention(
                     q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=attn_mask,
