@@ -1,4 +1,5 @@
-"""Pad ragged token-id rows into (B, T) id and mask tensors."""
+"""Batch-row helpers shared by the engine and the trainer: pad ragged token-id rows into (B, T)
+id and mask tensors; repeat a prompt's KV-cache rows for its samples."""
 
 from __future__ import annotations
 
@@ -24,3 +25,11 @@ def _pad(rows, pad_id: int, device, left: bool) -> tuple[torch.Tensor, torch.Ten
         ids_B_T[i, cols] = torch.as_tensor(r, dtype=torch.long)
         mask_B_T[i, cols] = 1
     return ids_B_T.to(device), mask_B_T.to(device)
+
+
+def repeat_cache_rows(cache, ns: torch.Tensor) -> None:
+    """Repeat row p of every layer of a transformers DynamicCache ns[p] times, in place
+    (a differentiable repeat, so gradients flow back into the one prompt pass)."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.repeat_interleave(ns, dim=0)
+        layer.values = layer.values.repeat_interleave(ns, dim=0)

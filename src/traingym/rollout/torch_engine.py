@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from traingym.padding import left_pad
+from traingym.padding import left_pad, repeat_cache_rows
 from traingym.rollout.fused_llama import FusedLlama, supports
 from traingym.types import Completion, GenerationRequest, SamplingParams
 
@@ -139,7 +139,7 @@ class TorchEngine:
             input_ids=ids_P_T, attention_mask=mask_P_T, position_ids=pos_P_T,
             cache=cache, use_cache=True, logits_to_keep=1,
         ).logits[:, -1].float()
-        _repeat_cache(cache, ns)
+        repeat_cache_rows(cache, ns)
 
         def forward(tok_B, pos_B, mask_B_S):
             return self.model(input_ids=tok_B[:, None], attention_mask=mask_B_S,
@@ -180,8 +180,3 @@ class TorchEngine:
             out.append(comps)
         return out
 
-
-def _repeat_cache(cache: DynamicCache, ns: torch.Tensor) -> None:
-    for layer in cache.layers:
-        layer.keys = layer.keys.repeat_interleave(ns, dim=0)
-        layer.values = layer.values.repeat_interleave(ns, dim=0)

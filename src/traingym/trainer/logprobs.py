@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from traingym.padding import left_pad, right_pad
+from traingym.padding import left_pad, repeat_cache_rows, right_pad
 
 
 @dataclass
@@ -51,9 +51,7 @@ def completion_logprobs(
     comp_B_C, cmask_B_C = right_pad(flat, pad_token_id, device)
     logits_B_1_V = first_P_V.repeat_interleave(ns, dim=0)[:, None]
     if comp_B_C.shape[1] > 1:
-        for layer in cache.layers:
-            layer.keys = layer.keys.repeat_interleave(ns, dim=0)
-            layer.values = layer.values.repeat_interleave(ns, dim=0)
+        repeat_cache_rows(cache, ns)
         mask_B_L = mask_P_L.repeat_interleave(ns, dim=0)
         start_B_1 = pos_P_L[:, -1:].repeat_interleave(ns, dim=0) + 1
         steps = torch.arange(comp_B_C.shape[1] - 1, device=device)[None]
