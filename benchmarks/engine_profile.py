@@ -35,7 +35,7 @@ def main():
     print(f"one call, 16 x 64 greedy tokens: {time.perf_counter() - t0:.2f} s")
     with torch.profiler.profile() as prof:
         engine.generate_sync(reqs)
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
 
 
 if __name__ == "__main__":

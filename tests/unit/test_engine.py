@@ -1,9 +1,14 @@
 """The built-in engine against Hugging Face generate and its own log-prob contract (tiny model)."""
 
+import copy
+
 import pytest
 import torch
 
 from traingym.models.loader import tiny_model, tiny_tokenizer
+from traingym.padding import left_pad
+from traingym.rollout import fused_llama
+from traingym.rollout.fused_llama import FusedLlama, packing_pays
 from traingym.rollout.torch_engine import TorchEngine
 from traingym.types import GenerationRequest, SamplingParams
 
@@ -96,3 +101,24 @@ def test_fused_path_matches_hf_path(setup):
         for ca, cb in zip(ga, gb):
             assert ca.token_ids == cb.token_ids
             assert torch.allclose(torch.tensor(ca.logprobs), torch.tensor(cb.logprobs), atol=1e-4)
+
+
+@pytest.mark.skipif(not packing_pays(torch.zeros(1, dtype=torch.bfloat16)),
+                    reason="this CPU's oneDNN build has no bf16 kernels, so weights are not packed")
+def test_packed_bf16_weights_give_bitwise_identical_logits(setup, monkeypatch):
+    tok, model, prompts = setup
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    packed = FusedLlama(bf16)
+    monkeypatch.setattr(fused_llama, "packing_pays", lambda w: False)
+    plain = FusedLlama(bf16)
+    assert packed.packed and not plain.packed
+    ids, mask = left_pad(list(prompts), tok.pad_token_id, torch.device("cpu"))
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    la, cache_a = packed.prefill(ids, mask, pos, ids.shape[1] + 2)
+    lb, cache_b = plain.prefill(ids, mask, pos, ids.shape[1] + 2)
+    assert torch.equal(la, lb)
+    tok_B = la.argmax(-1)
+    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+    da = packed.decode(tok_B, pos[:, -1] + 1, cache_a, ids.shape[1], mask)
+    db = plain.decode(tok_B, pos[:, -1] + 1, cache_b, ids.shape[1], mask)
+    assert torch.equal(da, db)

@@ -5,7 +5,10 @@ dominated by per-op overhead and by a slow bf16 flash-attention kernel for one-t
 This module runs the same maths with the projections fused (q|k|v in one matmul, gate|up in
 one), a preallocated KV cache, and decode attention as two small batched matmuls with an fp32
 softmax. Weights are views of the HF model's own tensors where possible and refreshed after a
-weight update (`refresh`).
+weight update (`refresh`). On a CPU with oneDNN bf16 support the bf16 projection weights are
+pre-packed once per refresh into oneDNN's blocked layout: a plain bf16 `F.linear` reorders the
+weight on every call, which at decode batch sizes costs about as much as the matmul itself
+(same kernel, bitwise-identical results; tests/unit/test_engine.py checks).
 
 Covered: `model_type == "llama"` with default RoPE, SiLU MLP, no biases (SmolLM2, Llama 2/3
 without RoPE scaling, the tiny test models). Anything else is refused by `supports`, and the
@@ -25,6 +28,12 @@ def supports(model) -> bool:
             and not getattr(c, "mlp_bias", False) and rope.get("rope_type", "default") == "default")
 
 
+def packing_pays(weight: torch.Tensor) -> bool:
+    """bf16 weights on a CPU whose oneDNN build has bf16 kernels."""
+    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
+            and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 class FusedLlama:
     def __init__(self, model):
         if not supports(model):
@@ -38,23 +47,34 @@ class FusedLlama:
         self.inv_freq, self.rope_scale = rot.inv_freq.float(), float(rot.attention_scaling)
         self.refresh()
 
+    def _prepare(self, w: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._reorder_linear_weight(w, 16) if self.packed else w
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+        return F.linear(x, w)
+
     @torch.no_grad()
     def refresh(self) -> None:
-        """Rebuild the fused weights from the HF model's current parameters."""
+        """Rebuild the fused (and, where it pays, pre-packed) weights from the HF model's current
+        parameters."""
+        self.embed = self.model.model.embed_tokens.weight
+        self.packed = packing_pays(self.embed)
+        pre = self._prepare
         self.layers = []
         for layer in self.model.model.layers:
             a, m = layer.self_attn, layer.mlp
             self.layers.append((
                 layer.input_layernorm.weight,
-                torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                a.o_proj.weight,
+                pre(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
+                pre(a.o_proj.weight),
                 layer.post_attention_layernorm.weight,
-                torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                m.down_proj.weight,
+                pre(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
+                pre(m.down_proj.weight),
             ))
-        self.embed = self.model.model.embed_tokens.weight
         self.norm = self.model.model.norm.weight
-        self.lm_head = self.model.lm_head.weight
+        self.lm_head = pre(self.model.lm_head.weight)
 
     def _rms(self, x, w):
         x32 = x.float()
@@ -102,7 +122,7 @@ class FusedLlama:
         end = start + T
         for (ln1, qkv_w, o_w, ln2, gu_w, down_w), (k_cache, v_cache) in zip(self.layers, cache):
             x = self._rms(h, ln1)
-            qkv = F.linear(x, qkv_w).view(B, T, H + 2 * KV, D).transpose(1, 2)
+            qkv = self._linear(x, qkv_w).view(B, T, H + 2 * KV, D).transpose(1, 2)
             q, k, v = qkv[:, :H], qkv[:, H : H + KV], qkv[:, H + KV :]
             k_cache[:, :, start:end] = self._rotate(k, cos, sin)
             v_cache[:, :, start:end] = v
@@ -113,9 +133,9 @@ class FusedLlama:
                 att = F.scaled_dot_product_attention(
                     q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=attn_mask,
                     enable_gqa=H != KV)
-            h = h + F.linear(att.transpose(1, 2).reshape(B, T, H * D), o_w)
-            gate, up = F.linear(self._rms(h, ln2), gu_w).chunk(2, -1)
-            h = h + F.linear(F.silu(gate) * up, down_w)
+            h = h + self._linear(att.transpose(1, 2).reshape(B, T, H * D), o_w)
+            gate, up = self._linear(self._rms(h, ln2), gu_w).chunk(2, -1)
+            h = h + self._linear(F.silu(gate) * up, down_w)
         return h
 
     def _decode_attention(self, q_B_H_1_D, k_B_KV_S_D, v_B_KV_S_D, mask_B_1_1_S):
@@ -128,4 +148,4 @@ class FusedLlama:
         return out.view(B, H, 1, D)
 
     def _logits(self, h_B_D):
-        return F.linear(self._rms(h_B_D, self.norm), self.lm_head).float()
+        return self._linear(self._rms(h_B_D, self.norm), self.lm_head).float()
