@@ -31,11 +31,12 @@ import sys
 from pathlib import Path
 
 from traingym.sandbox import cgroup
-from traingym.sandbox.base import Limits, MiB, SandboxUnavailable
+from traingym.sandbox.base import Limits, MiB, SandboxError, SandboxUnavailable
 from traingym.sandbox.client import AgentSandbox, agent_argv, host_python
 
 WORKSPACE = "/sandbox"
 WIPE_DIRS = (WORKSPACE, "/tmp", "/dev/shm")
+BASE_PROCESSES = 3  # in the pids cgroup besides the execution: bwrap, its namespace init, agent
 AGENT_SLACK_BYTES = 64 * MiB  # memory cgroup headroom for the agent and bwrap's init
 
 
@@ -113,13 +114,20 @@ class BwrapSandbox(AgentSandbox):
         super().__init__(argv, limits, self.group.enter if self.group else None)
         if self.group:
             self._set_cgroup(limits)
-        self.oom_seen = 0
+        self.oom_seen = self.pids_seen = 0
 
     @classmethod
     async def create(cls, limits: Limits | None = None, scratch_bytes: int = 64 * MiB):
         sandbox = cls(limits, scratch_bytes)
         try:
             return await sandbox.start()
+        except SandboxError as exc:
+            await sandbox.close()
+            raise SandboxUnavailable(
+                f"bwrap could not start a sandbox ({exc})",
+                "check that user namespaces are enabled (sysctl user.max_user_namespaces > 0) "
+                "and that bwrap runs: bwrap --ro-bind / / true",
+            ) from exc
         except BaseException:
             await sandbox.close()
             raise
@@ -131,8 +139,8 @@ class BwrapSandbox(AgentSandbox):
         return self.group is not None and self.group.pids is not None
 
     def _set_cgroup(self, limits: Limits) -> None:
-        # +2: bwrap's init and the agent live in the cgroup too
-        self.group.set_processes(None if limits.processes is None else limits.processes + 2)
+        n = limits.processes
+        self.group.set_processes(None if n is None else n + BASE_PROCESSES)
         if limits.memory_bytes is None:
             self.group.set_memory(None)
         else:
@@ -152,8 +160,11 @@ class BwrapSandbox(AgentSandbox):
         if self.group:
             self._set_cgroup(limits)
             self.oom_seen = self.group.oom_kills()
+            self.pids_seen = self.group.pids_limit_hits()
 
     def classify(self, result) -> None:
+        if self.group and self.group.pids_limit_hits() > self.pids_seen:
+            result.events.append("process limit hit: forks were refused")
         if self.group and self.group.oom_kills() > self.oom_seen:
             result.events.append("out of memory: the memory cgroup killed a process")
             if result.killed_reason in (None, "sandbox"):

@@ -85,10 +85,12 @@ class SandboxCgroup:
             (self.memory / "memory.swap.max").write_text("0")
             return
         value = "-1" if n is None else str(n)
-        (self.memory / "memory.limit_in_bytes").write_text(value)
+        limit = self.memory / "memory.limit_in_bytes"
         memsw = self.memory / "memory.memsw.limit_in_bytes"
-        if memsw.exists():
-            memsw.write_text(value)
+        files = [limit, memsw] if memsw.exists() else [limit]
+        raising = n is None or n > int(limit.read_text())
+        for f in reversed(files) if raising else files:  # v1 keeps limit <= memsw at all times
+            f.write_text(value)
 
     def oom_kills(self) -> int:
         """OOM kills so far in this cgroup (0 without a memory cgroup)."""
@@ -98,6 +100,16 @@ class SandboxCgroup:
         for line in (self.memory / name).read_text().splitlines():
             key, _, value = line.partition(" ")
             if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def pids_limit_hits(self) -> int:
+        """Forks refused so far because the pids limit was reached (0 without a pids cgroup)."""
+        if self.pids is None:
+            return 0
+        for line in (self.pids / "pids.events").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "max":
                 return int(value)
         return 0
 
