@@ -9,7 +9,7 @@ from traingym.models.loader import tiny_model, tiny_tokenizer
 from traingym.padding import left_pad
 from traingym.rollout import fused_llama
 from traingym.rollout.fused_llama import FusedLlama, packing_pays
-from traingym.rollout.torch_engine import TorchEngine
+from traingym.rollout.torch_engine import TorchEngine, draw
 from traingym.types import GenerationRequest, SamplingParams
 
 
@@ -122,3 +122,18 @@ def test_packed_bf16_weights_give_bitwise_identical_logits(setup, monkeypatch):
     da = packed.decode(tok_B, pos[:, -1] + 1, cache_a, ids.shape[1], mask)
     db = plain.decode(tok_B, pos[:, -1] + 1, cache_b, ids.shape[1], mask)
     assert torch.equal(da, db)
+
+
+def test_draw_samples_the_softmax_and_never_a_cut_token():
+    logits = torch.tensor([[2.0, 1.0, float("-inf"), 0.0, -1.0, float("-inf")]])
+    gens = [torch.Generator().manual_seed(7)]
+    counts = torch.zeros(6)
+    n = 20000
+    for _ in range(n):
+        counts[draw(logits, gens)] += 1
+    p = logits.softmax(-1)[0]
+    assert counts[2] == 0 and counts[5] == 0
+    expected = n * p
+    keep = expected > 0
+    chi2 = (((counts - expected)[keep] ** 2) / expected[keep]).sum()
+    assert chi2 < 16.3  # 3 degrees of freedom: P(chi2 > 16.3) ~ 0.001

@@ -38,6 +38,17 @@ def _filter_logits(logits_B_V: torch.Tensor, params: SamplingParams) -> torch.Te
     return logits_B_V
 
 
+def draw(logits_B_V: torch.Tensor, gens: list[torch.Generator]) -> torch.Tensor:
+    """One token per row from softmax(logits), by inverting the row's CDF (float64) at one
+    uniform draw from the row's own generator. One random number per row and step (an
+    exponential race would need a vocabulary's worth); u lies in (0, 1], so a token of
+    probability 0 (cut by top-k / top-p) is never drawn."""
+    cdf_B_V = logits_B_V.softmax(-1).double().cumsum(-1)
+    u_B = 1.0 - torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in gens])
+    x_B_1 = u_B.to(cdf_B_V.device)[:, None] * cdf_B_V[:, -1:]
+    return torch.searchsorted(cdf_B_V, x_B_1)[:, 0].clamp(max=logits_B_V.shape[-1] - 1)
+
+
 class TorchEngine:
     """Rollout engine over an in-process `transformers` model (eval mode, no grad)."""
 
@@ -156,9 +167,7 @@ class TorchEngine:
         scaled_B_V = logits_B_V / params.temperature
         lp_B_V = scaled_B_V.log_softmax(-1)
         cut_B_V = _filter_logits(scaled_B_V, params)
-        # Exponential race: argmax(log p - log E), E ~ Exp(1), draws exactly from softmax(cut).
-        noise_B_V = torch.stack([torch.empty(cut_B_V.shape[-1]).exponential_(generator=g) for g in gens])
-        tok_B = (cut_B_V - noise_B_V.to(cut_B_V.device).log()).argmax(-1)
+        tok_B = draw(cut_B_V, gens)
         return tok_B, lp_B_V.gather(-1, tok_B[:, None])[:, 0]
 
     def _collect(self, requests, tokens_B_N, logps_B_N, stop):
