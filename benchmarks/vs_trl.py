@@ -160,7 +160,7 @@ def run_eval(a, work: Path) -> dict:
             assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
         engine = TorchEngine(model, tok.pad_token_id, 64, torch.bfloat16)
         scores[name] = evaluate(engine, factory, rows, TEMP, 4, NEW_TOKENS,
-                                (tok.eos_token_id,), seed=a.seed + 7)
+                                (tok.eos_token_id,), seed=a.seed + 7, tokenizer=tok)
     out = {k: {m: s.summary() for m, s in v.items()} for k, v in scores.items()}
     out["traingym_minus_trl"] = {m: paired_difference(scores["traingym"][m], scores["trl"][m])
                                  for m in ("greedy", "sampled")}

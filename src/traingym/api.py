@@ -35,11 +35,13 @@ def default_run_dir(cfg: Config) -> Path:
 
 
 def train(config: Config | dict | str | Path | None = None, *, dataset=None, eval_dataset=None,
-          reward=None, run_dir: str | Path | None = None, resume: bool = False,
-          progress: bool = True) -> TrainResult:
+          reward=None, env=None, group_reward=None, run_dir: str | Path | None = None,
+          resume: bool = False, progress: bool = True) -> TrainResult:
     """Run RL post-training. `config` is a Config, a dict, a config file path, or None for the
     embedded default. `dataset`/`eval_dataset` are lists of rows (or paths); `reward` is
-    `def reward(sample) -> float`."""
+    `def reward(sample) -> float` (single-turn). `env` builds an episode's Env from
+    (example, renderer) instead, e.g. a MultiTurnEnv subclass or a ToolTask; `group_reward`
+    maps the G samples of a group to their G rewards."""
     if config is None:
         cfg = build_config()
     elif isinstance(config, Config):
@@ -49,7 +51,8 @@ def train(config: Config | dict | str | Path | None = None, *, dataset=None, eva
     else:
         cfg = build_config(file=config)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
-    run, start = build_run(cfg, run_dir, resume, dataset, eval_dataset, reward, progress)
+    run, start = build_run(cfg, run_dir, resume, dataset, eval_dataset, reward, progress, env,
+                           group_reward)
     show = run.progress.message
     has_eval = bool(run.inputs.eval_rows) and cfg.eval.num_prompts > 0
     before = _load_scores(run_dir / "eval_before.json")

@@ -31,7 +31,13 @@ class TaskConfig(_Strict):
     dataset: str | None = Field(None, description="training rows: a JSONL file or a local "
                                 "`datasets` folder; each row needs 'prompt' and 'answer'")
     eval_dataset: str | None = Field(None, description="held-out rows, same format")
-    reward: str | None = Field(None, description="'module:function' taking a Sample, returning float")
+    reward: str | None = Field(None, description="'module:function' taking a Sample, returning "
+                               "float (the single-turn env; unused when `env` is given)")
+    env: str | None = Field(None, description="'module:function' or 'module:Class' building an "
+                            "Env from (example, renderer), e.g. a MultiTurnEnv subclass; None: "
+                            "the single-turn env over `reward`")
+    group_reward: str | None = Field(None, description="'module:function' taking the G samples "
+                                     "of a group, returning their G rewards (optional)")
     prefill: str = Field("The answer is", description="text the assistant turn starts with")
     system_prompt: str | None = Field(None, description="system message; None keeps the "
                                       "chat template's default")
@@ -47,6 +53,10 @@ class RolloutConfig(_Strict):
     max_batch_rows: int = Field(64, ge=1, description="rows the engine decodes at once")
     ignore_eos: bool = Field(False, description="keep sampling past the end-of-turn token, so "
                              "every completion has exactly max_new_tokens (for benchmarks)")
+    max_turns: int = Field(8, ge=1, description="policy turns per multi-turn episode; the "
+                           "episode ends there (single-turn envs end after one anyway)")
+    max_context_tokens: int = Field(2048, ge=2, description="prompt + all turns + environment "
+                                    "tokens; an episode ends before its context would pass it")
 
 
 class TrainerConfig(_Strict):

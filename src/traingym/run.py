@@ -21,7 +21,9 @@ import torch
 
 from traingym import checkpoint
 from traingym.config import Config, ConfigError
+from traingym.envs.base import EnvFactory
 from traingym.envs.datasets import load_rows, validate_rows
+from traingym.envs.multi_turn import BoundFactory
 from traingym.envs.render import PromptRenderer
 from traingym.envs.single_turn import SingleTurnFactory
 from traingym.envs.tasks import builtin_task, exact_answer
@@ -29,7 +31,7 @@ from traingym.evaluate import as_dict, evaluate, paired_difference
 from traingym.models.loader import load_policy
 from traingym.observability.events import RunLog
 from traingym.observability.progress import Progress
-from traingym.rollout.runner import RolloutRunner
+from traingym.rollout.runner import EpisodeLimits, RolloutRunner
 from traingym.rollout.torch_engine import TorchEngine
 from traingym.trainer.torch_trainer import TorchTrainer
 from traingym.types import SamplingParams
@@ -56,13 +58,13 @@ class DataStream:
         return out
 
 
-def import_reward(spec: str) -> Callable:
+def import_reward(spec: str, key: str = "task.reward") -> Callable:
     if ":" not in spec:
-        raise ConfigError(f"task.reward={spec!r}: expected 'module:function'")
+        raise ConfigError(f"{key}={spec!r}: expected 'module:function'")
     module, name = spec.split(":", 1)
     fn = getattr(importlib.import_module(module), name, None)
     if not callable(fn):
-        raise ConfigError(f"task.reward={spec!r}: {module} has no function {name!r}")
+        raise ConfigError(f"{key}={spec!r}: {module} has no function {name!r}")
     return fn
 
 
@@ -70,19 +72,35 @@ def import_reward(spec: str) -> Callable:
 class Inputs:
     train_rows: list[dict]
     eval_rows: list[dict]
-    reward_fn: Callable
+    reward_fn: Callable | None  # None when `env` scores its own episodes
+    env: Callable | None = None  # env maker (example, renderer) -> Env
+    group_reward: Callable | None = None
 
 
-def resolve_inputs(cfg: Config, dataset=None, eval_dataset=None, reward=None) -> Inputs:
-    """Rows and reward: arguments first, then config paths, then the built-in task."""
+def resolve_env(cfg: Config, env=None, group_reward=None) -> tuple[Callable | None, Callable | None]:
+    """The env maker and group hook: arguments first, then config specs."""
     t = cfg.task
+    env = env or (import_reward(t.env, "task.env") if t.env else None)
+    group = group_reward or (import_reward(t.group_reward, "task.group_reward")
+                             if t.group_reward else None)
+    return env, group
+
+
+def resolve_inputs(cfg: Config, dataset=None, eval_dataset=None, reward=None, env=None,
+                   group_reward=None) -> Inputs:
+    """Rows, reward, env: arguments first, then config paths, then the built-in task."""
+    t = cfg.task
+    env, group_reward = resolve_env(cfg, env, group_reward)
+    if env is not None and reward is not None:
+        raise ConfigError("pass either reward= (single-turn) or env= (the env scores its own "
+                          "episodes), not both")
     custom = dataset is not None or t.dataset is not None
     if custom:
         train_rows = load_rows(dataset if dataset is not None else t.dataset)
         src = eval_dataset if eval_dataset is not None else t.eval_dataset
         eval_rows = load_rows(src)[: cfg.eval.num_prompts] if src is not None else []
         reward_fn = reward or (import_reward(t.reward) if t.reward else None)
-        if reward_fn is None:
+        if reward_fn is None and env is None:
             raise ConfigError("a custom dataset needs a reward: pass reward= or set "
                               "task.reward='module:function'")
     else:
@@ -92,7 +110,9 @@ def resolve_inputs(cfg: Config, dataset=None, eval_dataset=None, reward=None) ->
     validate_rows(train_rows, ("prompt",), "training dataset")
     if eval_rows:
         validate_rows(eval_rows, ("prompt",), "eval dataset")
-    return Inputs(train_rows, eval_rows, reward_fn)
+    if env is not None:
+        reward_fn = None
+    return Inputs(train_rows, eval_rows, reward_fn, env, group_reward)
 
 
 def prepare_run_dir(run_dir: Path, cfg: Config, resume: bool) -> None:
@@ -122,7 +142,7 @@ class Run:
     tokenizer: Any
     trainer: TorchTrainer
     engine: TorchEngine
-    factory: SingleTurnFactory
+    factory: EnvFactory
     rollouts: RolloutRunner
     weights: ColocatedSync
     data: DataStream
@@ -142,7 +162,7 @@ class Run:
 
     def step_metrics(self, step, groups, batch, train_metrics, seconds, saved) -> dict:
         rewards = [s.reward for g in groups for s in g.samples]
-        lengths = [len(s.completion_ids) for g in groups for s in g.samples]
+        lengths = [sum(s.loss_mask) for g in groups for s in g.samples]  # policy tokens
         gen_tokens = sum(lengths)
         return {
             "step": step + 1,
@@ -151,6 +171,7 @@ class Run:
             **train_metrics,
             "completion_len_mean": statistics.fmean(lengths),
             "completion_len_max": max(lengths),
+            "turns_mean": statistics.fmean(s.turns for g in groups for s in g.samples),
             "groups": len(groups), "groups_kept": len(batch.groups),
             "groups_dropped": batch.num_dropped_groups,
             "gen_tokens": gen_tokens,
@@ -165,12 +186,15 @@ class Run:
         r = self.cfg.rollout
         return evaluate(self.engine, self.factory, self.inputs.eval_rows, r.temperature,
                         self.cfg.eval.samples_per_prompt, r.max_new_tokens, self.eval_stop_ids,
-                        seed=self.cfg.seed + 7)
+                        seed=self.cfg.seed + 7, tokenizer=self.tokenizer,
+                        limits=EpisodeLimits(r.max_turns, r.max_context_tokens),
+                        group_reward=self.inputs.group_reward)
 
 
 def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_dataset=None,
-              reward=None, progress: bool = True) -> tuple[Run, int]:
-    inputs = resolve_inputs(cfg, dataset, eval_dataset, reward)
+              reward=None, progress: bool = True, env=None,
+              group_reward=None) -> tuple[Run, int]:
+    inputs = resolve_inputs(cfg, dataset, eval_dataset, reward, env, group_reward)
     prepare_run_dir(run_dir, cfg, resume)
     torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)
@@ -180,7 +204,8 @@ def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_datas
     engine = TorchEngine(copy.deepcopy(model), tok.pad_token_id, cfg.rollout.max_batch_rows, dtype)
     trainer = TorchTrainer(model, cfg.trainer, cfg.rollout.temperature, tok.pad_token_id)
     renderer = PromptRenderer(tok, cfg.task.prefill, cfg.task.system_prompt)
-    factory = SingleTurnFactory(inputs.reward_fn, renderer)
+    factory = (BoundFactory(inputs.env, renderer) if inputs.env is not None
+               else SingleTurnFactory(inputs.reward_fn, renderer))
     stop_ids = () if cfg.rollout.ignore_eos else (tok.eos_token_id,)
     r = cfg.rollout
     params = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, stop_ids)
@@ -195,7 +220,9 @@ def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_datas
     weights = ColocatedSync(engine)
     weights.publish(trainer.export(), version=start_step)
     run = Run(cfg, run_dir, inputs, tok, trainer, engine, factory,
-              RolloutRunner(engine, factory, params, r.group_size), weights,
+              RolloutRunner(engine, factory, params, r.group_size, tokenizer=tok,
+                            limits=EpisodeLimits(r.max_turns, r.max_context_tokens),
+                            group_reward=inputs.group_reward), weights,
               DataStream(inputs.train_rows, cfg.seed, position), log,
               Progress(cfg.steps, start_step, enabled=progress), (tok.eos_token_id,))
     return run, start_step

@@ -45,7 +45,11 @@ class Completion:
 
 @dataclass
 class Observation:
-    """What an environment shows the policy: the prompt as token ids (and its text for logs)."""
+    """What an environment shows the policy: the whole context as token ids, and text for logs.
+
+    A later observation of a multi-turn episode must be the previous context, the policy's
+    completion and at least one new (environment) token, in that order; its text is the new
+    part only."""
 
     prompt_ids: tuple[int, ...]
     text: str = ""
@@ -61,19 +65,41 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+ENV_VERSION = -1  # the `versions` entry of a token the environment wrote, not the policy
+
+
 @dataclass
 class Sample:
-    """One scored completion; the unit a reward function sees and the trainer learns from."""
+    """One scored episode; the unit a reward function sees and the trainer learns from.
+
+    `completion_ids` is everything after the first prompt: in a multi-turn episode the policy's
+    tokens and the environment's tokens, interleaved, exactly as the engine saw them.
+    `loss_mask` marks each of them: 1 for a policy token (trained on), 0 for an environment
+    token (masked out of the loss). Environment tokens carry log-prob 0.0 and version
+    ENV_VERSION. None (the default) means every token is the policy's (single-turn).
+    """
 
     prompt_ids: tuple[int, ...]
     completion_ids: list[int]
     completion_logprobs: list[float]  # engine's log-probs, one per completion token
-    versions: list[int]  # policy version per completion token
+    versions: list[int]  # policy version per completion token (ENV_VERSION: env token)
     example: dict[str, Any]  # the dataset row this sample answers
     prompt_text: str = ""
     completion_text: str = ""
-    finish_reason: str = "length"
+    finish_reason: str = "length"  # "stop" | "length" | "max_turns" | "max_context"
     reward: float = 0.0
+    loss_mask: list[int] | None = None  # 1 policy token, 0 environment token
+    turns: int = 1  # policy turns in the episode
+    final_text: str = ""  # the policy's last turn, decoded (single-turn: the completion)
+
+    def __post_init__(self):
+        if self.loss_mask is None:
+            self.loss_mask = [1] * len(self.completion_ids)
+        n = len(self.completion_ids)
+        lengths = (len(self.completion_logprobs), len(self.versions), len(self.loss_mask))
+        if lengths != (n, n, n):
+            raise ValueError(f"Sample: {n} completion ids but (logprobs, versions, loss_mask) "
+                             f"lengths {lengths}; all must match")
 
 
 @dataclass

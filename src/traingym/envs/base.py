@@ -2,6 +2,12 @@
 
 An EnvFactory builds an Env for one dataset row; factories must be picklable so that envs can
 be built wherever the rollout runs (another process, a Ray actor).
+
+Multi-turn: `step` returns `done=False` and a next observation whose ids are the context so far
+(prompt + completions + earlier environment tokens) followed by the environment's new tokens;
+the runner checks this prefix property and raises ContextError otherwise (envs/transcript.py).
+Helpers: envs/single_turn.py (a reward function), envs/multi_turn.py (chat replies),
+envs/tools.py (tool calls).
 """
 
 from __future__ import annotations

@@ -58,6 +58,7 @@ class SingleTurnEnv:
 
 
 def to_sample(example, obs: Observation, completion: Completion, tokenizer) -> Sample:
+    text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
     return Sample(
         prompt_ids=obs.prompt_ids,
         completion_ids=list(completion.token_ids),
@@ -65,8 +66,9 @@ def to_sample(example, obs: Observation, completion: Completion, tokenizer) -> S
         versions=[completion.version] * len(completion.token_ids),
         example=example,
         prompt_text=obs.text,
-        completion_text=tokenizer.decode(completion.token_ids, skip_special_tokens=True),
+        completion_text=text,
         finish_reason=completion.finish_reason,
+        final_text=text,
     )
 
 

@@ -1,20 +1,35 @@
-"""Collect groups of scored samples: envs for each prompt, one engine call, then scoring.
+"""Collect groups of scored episodes: G envs per prompt, one batched engine call per turn.
 
 Each example gets G single-use envs. Their first observations must be the same prompt (the
-group shares it); the engine samples all G completions of a prompt in one request, so the
-prompt is prefilled once. Environments step concurrently (asyncio), so slow reward code or
-sandboxes overlap.
+group shares it); the first turn samples all G completions of a prompt in one request, so the
+prompt is prefilled once. A later turn of a multi-turn episode continues that episode's own
+context: prompt + completions + environment tokens, appended as ids (envs/transcript.py checks
+that every observation strictly extends the context). All live episodes of all groups go to the
+engine together, one call per turn. Environment steps run concurrently (asyncio), so slow
+reward code, tools or sandboxes overlap.
 
-Covered: single-turn episodes. Multi-turn episodes are a later issue (envs/ for the protocol).
+An episode ends when its env says done, after `max_turns` policy turns, or when the next
+observation would leave no room for a policy token under `max_context_tokens`; in the last two
+cases the env's next observation is dropped, so every sample ends with policy tokens. A
+sample's reward is the sum of its episode's step rewards; an optional group hook then rescores
+the G samples of each group together.
+
+Not covered: continuous batching (a slow env step holds up the next turn of every episode);
+episodes that branch or rewrite their context.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from traingym.envs.base import EnvFactory
-from traingym.types import GenerationRequest, Group, SamplingParams
+from traingym.envs.group import GroupReward, score_group
+from traingym.envs.transcript import ContextError, Transcript
+from traingym.types import Completion, GenerationRequest, Group, SamplingParams, StepResult
 
 
 def stream_seed(*parts: int) -> int:
@@ -25,35 +40,111 @@ def stream_seed(*parts: int) -> int:
     return h
 
 
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int = 1  # policy turns per episode
+    max_context_tokens: int | None = None  # prompt + completions + env tokens; None: no limit
+
+
+@dataclass
+class _Episode:
+    index: int  # the example's position in the training stream
+    member: int  # which of the G samples
+    env: Any
+    example: dict[str, Any]
+    prompt_text: str
+    transcript: Transcript
+    reward: float = 0.0
+    finish: str | None = None
+
+
 class RolloutRunner:
-    def __init__(self, engine, factory: EnvFactory, params: SamplingParams, group_size: int):
+    def __init__(self, engine, factory: EnvFactory, params: SamplingParams, group_size: int, *,
+                 tokenizer, limits: EpisodeLimits = EpisodeLimits(),
+                 group_reward: GroupReward | None = None):
         self.engine, self.factory = engine, factory
         self.params, self.group_size = params, group_size
+        self.tokenizer, self.limits, self.group_reward = tokenizer, limits, group_reward
 
     def collect(self, examples: list[tuple[int, dict[str, Any]]], seed: int) -> list[Group]:
         return asyncio.run(self._collect(examples, seed))
 
+    def _params(self, context_len: int) -> SamplingParams:
+        """The sampling params, with max_new_tokens cut to the room left in the context."""
+        limit = self.limits.max_context_tokens
+        if limit is None or limit - context_len >= self.params.max_new_tokens:
+            return self.params
+        return dataclasses.replace(self.params, max_new_tokens=limit - context_len)
+
     async def _collect(self, examples, seed: int) -> list[Group]:
         envs = [[self.factory(row) for _ in range(self.group_size)] for _, row in examples]
         obs = [await asyncio.gather(*(e.reset() for e in group)) for group in envs]
-        for (index, row), group_obs in zip(examples, obs):
+        episodes = []
+        for (index, row), group, group_obs in zip(examples, envs, obs):
             if any(o.prompt_ids != group_obs[0].prompt_ids for o in group_obs):
                 raise ValueError(f"example {index}: the envs of one group gave different prompts")
+            limit = self.limits.max_context_tokens
+            if limit is not None and len(group_obs[0].prompt_ids) >= limit:
+                raise ValueError(f"example {index}: the prompt has {len(group_obs[0].prompt_ids)}"
+                                 f" tokens; rollout.max_context_tokens={limit} leaves no room")
+            episodes.append([_Episode(index, g, env, row, o.text, Transcript(tuple(o.prompt_ids)))
+                             for g, (env, o) in enumerate(zip(group, group_obs))])
         requests = [
-            GenerationRequest(o[0].prompt_ids, self.group_size, self.params, stream_seed(seed, index))
-            for (index, _), o in zip(examples, obs)
+            GenerationRequest(group[0].transcript.prompt_ids, self.group_size,
+                              self._params(len(group[0].transcript)), stream_seed(seed, group[0].index))
+            for group in episodes
         ]
         completions = await self.engine.generate(requests)
-        steps = [
-            asyncio.gather(*(env.step(c) for env, c in zip(group, comps)))
-            for group, comps in zip(envs, completions)
-        ]
-        groups = []
-        for (index, _), results in zip(examples, await asyncio.gather(*steps)):
-            samples = []
-            for result in results:
-                sample = result.info["sample"]
-                sample.reward = result.reward
-                samples.append(sample)
-            groups.append(Group(samples=samples, index=index))
-        return groups
+        live = [(ep, c) for group, comps in zip(episodes, completions) for ep, c in zip(group, comps)]
+        turn = 1
+        while live:
+            for ep, c in live:
+                ep.transcript.add_policy(c)
+            results = await asyncio.gather(*(ep.env.step(c) for ep, c in live))
+            live = [ep for (ep, c), r in zip(live, results) if self._advance(ep, c, r)]
+            if not live:
+                break
+            requests = [
+                GenerationRequest(ep.transcript.context, 1, self._params(len(ep.transcript)),
+                                  stream_seed(seed, ep.index, ep.member, turn))
+                for ep in live
+            ]
+            live = [(ep, comps[0]) for ep, comps in zip(live, await self.engine.generate(requests))]
+            turn += 1
+        return [self._group(group) for group in episodes]
+
+    def _advance(self, ep: _Episode, completion: Completion, result: StepResult) -> bool:
+        """Record a step's result; True if the episode continues with another policy turn."""
+        where = f"example {ep.index}, sample {ep.member}, turn {ep.transcript.turns}"
+        r = result.reward
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
+            raise ValueError(f"{where}: env {type(ep.env).__name__} returned reward {r!r}; it "
+                             "must be a finite float")
+        ep.reward += float(r)
+        if result.done:
+            ep.finish = completion.finish_reason
+            return False
+        if ep.transcript.turns >= self.limits.max_turns:
+            ep.finish = "max_turns"
+            return False
+        if result.next_observation is None:
+            raise ContextError(f"{where}: env {type(ep.env).__name__} returned done=False "
+                               "without a next_observation")
+        try:
+            new = ep.transcript.env_tokens(result.next_observation.prompt_ids)
+        except ContextError as e:  # re-raised naming the episode
+            raise ContextError(f"{where}: {e}") from None
+        limit = self.limits.max_context_tokens
+        if limit is not None and len(ep.transcript) + len(new) >= limit:
+            ep.finish = "max_context"
+            return False
+        ep.transcript.add_env(new)
+        return True
+
+    def _group(self, episodes: list[_Episode]) -> Group:
+        samples = [ep.transcript.to_sample(ep.example, self.tokenizer, ep.prompt_text, ep.finish,
+                                           ep.reward) for ep in episodes]
+        if self.group_reward is not None:
+            for sample, value in zip(samples, score_group(self.group_reward, samples)):
+                sample.reward = value
+        return Group(samples=samples, index=episodes[0].index)

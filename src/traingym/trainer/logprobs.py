@@ -6,6 +6,10 @@ from every completion flow back into the one prompt pass), and only the completi
 per sample. Only completion positions go through the LM head. With a 40-token prompt, 8-token
 completions and G = 4 this processes about 2.7x fewer tokens than one sequence per sample, and
 gives the same log-probs and gradients up to float rounding (tests/unit/test_logprobs.py).
+
+Multi-turn completions hold environment tokens too: they run through the model as context (the
+policy conditions on them), and `loss_masks` zeroes their log-probs and their mask entries, so
+only policy tokens carry loss.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from traingym.padding import left_pad, repeat_cache_rows, right_pad
 @dataclass
 class TokenLogprobs:
     logp_B_T: torch.Tensor  # log-prob of each completion token (0 where masked)
-    mask_B_T: torch.Tensor  # 1 for real completion tokens, 0 for padding
+    mask_B_T: torch.Tensor  # 1 for trained (policy) tokens, 0 for env tokens and padding
     entropy_B_T: torch.Tensor  # entropy of the predictive distribution (no grad)
 
 
@@ -31,10 +35,12 @@ def completion_logprobs(
     completions: list[list[list[int]]],
     temperature: float,
     pad_token_id: int,
+    loss_masks: list[list[list[int]]] | None = None,
 ) -> TokenLogprobs:
     """Log-probs under softmax(logits / temperature) of completions[p][g] given prompts[p].
 
     Rows come out prompt-major: row p * G_p + g. Every completion must have at least one token.
+    `loss_masks[p][g]` (same shape as completions; None: all ones) marks the tokens to train on.
     """
     device = next(model.parameters()).device
     ids_P_L, mask_P_L = left_pad(prompts, pad_token_id, device)
@@ -72,4 +78,9 @@ def completion_logprobs(
     with torch.no_grad():
         entropy_B_C = -(logsm_B_C_V.exp() * logsm_B_C_V).sum(-1)
     mask = cmask_B_C.to(logp_B_C.dtype)
+    if loss_masks is not None:
+        flat_masks = [m for group in loss_masks for m in group]
+        if [len(m) for m in flat_masks] != [len(c) for c in flat]:
+            raise ValueError("completion_logprobs: each loss mask must match its completion")
+        mask = mask * right_pad(flat_masks, 0, device)[0].to(logp_B_C.dtype)
     return TokenLogprobs(logp_B_C * mask, mask, entropy_B_C * mask)

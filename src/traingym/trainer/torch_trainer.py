@@ -2,9 +2,11 @@
 
 One optimizer step per batch, on-policy: the "old" log-probs of the PPO ratio are the trainer's
 own log-probs detached, so the ratio is 1 in value and the clip only matters for later epochs or
-off-policy data (disaggregated mode, a later issue). The loss is summed over all completion
-tokens of the batch and divided by their count (token-level averaging), accumulated over
-micro-batches of whole groups so that each prompt is run once per micro-batch.
+off-policy data (disaggregated mode, a later issue). The loss is summed over the policy tokens of
+the batch and divided by their count (token-level averaging), accumulated over micro-batches of
+whole groups so that each prompt is run once per micro-batch. Environment tokens of multi-turn
+samples (`Sample.loss_mask` 0) are run through the model as context but carry no loss, no KL
+and no entropy, and are not counted.
 
 A batch in which every group was dropped (all rewards equal within each group) has nothing to
 learn from: the step makes no optimizer update but still counts as a step, and its
@@ -45,7 +47,7 @@ class TorchTrainer:
         return torch.autocast(device_type=device, dtype=torch.bfloat16)
 
     def train_step(self, batch: Batch) -> dict[str, float]:
-        total_tokens = sum(len(s.completion_ids) for g in batch.groups for s in g.samples)
+        total_tokens = sum(sum(s.loss_mask) for g in batch.groups for s in g.samples)
         stats = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0}
         if total_tokens == 0:
             return {**stats, "grad_norm": 0.0, "trained_tokens": 0, "lr": self.cfg.lr}
@@ -54,28 +56,26 @@ class TorchTrainer:
         for start in range(0, len(batch.groups), mb):
             groups = batch.groups[start : start + mb]
             advantages = batch.advantages_G[start : start + mb]
-            with self._autocast():
-                out = completion_logprobs(
-                    self.model, [g.samples[0].prompt_ids for g in groups],
+            rows = ([g.samples[0].prompt_ids for g in groups],
                     [[s.completion_ids for s in g.samples] for g in groups],
-                    self.temperature, self.pad_token_id)
+                    self.temperature, self.pad_token_id,
+                    [[s.loss_mask for s in g.samples] for g in groups])
+            with self._autocast():
+                out = completion_logprobs(self.model, *rows)
                 ref = None
                 if self.reference is not None:
                     with torch.no_grad():
-                        ref = completion_logprobs(
-                            self.reference, [g.samples[0].prompt_ids for g in groups],
-                            [[s.completion_ids for s in g.samples] for g in groups],
-                            self.temperature, self.pad_token_id).logp_B_T
+                        ref = completion_logprobs(self.reference, *rows).logp_B_T
             adv_B = torch.tensor([a for adv in advantages for a in adv], dtype=torch.float32,
                                  device=out.logp_B_T.device)
             loss_B_T, kl_B_T, clipped_B_T = grpo_token_loss(
                 out.logp_B_T, out.logp_B_T.detach(), adv_B, self.cfg.clip_low,
                 self.cfg.clip_high, ref, self.cfg.kl_coef)
-            mask = out.mask_B_T
+            mask = out.mask_B_T  # policy tokens only
             (loss_B_T * mask).sum().div(total_tokens).backward()
             stats["loss"] += float((loss_B_T.detach() * mask).sum()) / total_tokens
             stats["kl"] += float((kl_B_T.detach() * mask).sum()) / total_tokens
-            stats["entropy"] += float(out.entropy_B_T.sum()) / total_tokens
+            stats["entropy"] += float((out.entropy_B_T * mask).sum()) / total_tokens
             stats["clip_frac"] += float((clipped_B_T * mask).sum()) / total_tokens
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         if not math.isfinite(float(grad_norm)):

@@ -1,0 +1,36 @@
+"""The group scoring hook: one function over the G samples of a group that sets their rewards.
+
+`def group_reward(samples: list[Sample]) -> list[float]` sees every sample with the reward its
+env gave it and returns the G rewards to train on, in order (for rewards that compare samples:
+ranking, pairwise preference, a bonus for the shortest correct answer). It runs after every
+episode of the group has ended. If it raises or returns anything but G finite floats, the run
+stops with a RewardError naming the group.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from traingym.envs.single_turn import RewardError
+from traingym.types import Sample
+
+GroupReward = Callable[[list[Sample]], list[float]]
+
+
+def score_group(fn: GroupReward, samples: list[Sample]) -> list[float]:
+    name = getattr(fn, "__name__", fn)
+    where = (f"\n  group of {len(samples)} samples, example: {samples[0].example!r}\n  rewards "
+             f"from the env: {[s.reward for s in samples]}")
+    try:
+        values = fn(samples)
+    except Exception as e:  # re-raised with the group attached, never swallowed
+        raise RewardError(f"group reward {name!s} raised {type(e).__name__}: {e}{where}",
+                          samples[0]) from e
+    ok = (isinstance(values, (list, tuple)) and len(values) == len(samples)
+          and all(not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+                  for v in values))
+    if not ok:
+        raise RewardError(f"group reward {name!s} returned {values!r}; it must return a list of "
+                          f"{len(samples)} finite floats, one per sample{where}", samples[0])
+    return [float(v) for v in values]
