@@ -71,6 +71,7 @@ def train(config: Config | dict | str | Path | None = None, *, dataset=None, eva
         _save_scores(run_dir / "eval_after.json", after)
         show(_format("after", after))
     run.progress.close()
+    run.close()
     report = eval_report(before, after, cfg.eval.metric) if has_eval else {}
     if report.get("delta"):
         d = report["delta"]

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
 class _Strict(BaseModel):
@@ -88,6 +88,41 @@ class CheckpointConfig(_Strict):
     keep: int = Field(2, ge=1, description="how many checkpoints to keep")
 
 
+class WeightsConfig(_Strict):
+    """How the trainer's weights reach the engine after each step (weights/colocated.py)."""
+
+    codec: str = Field("auto", description="'delta' (only what changed, against the engine's "
+                       "version), 'full' (every byte), or 'auto' (delta unless full is "
+                       "predicted faster from measured rates)")
+    transport: str = Field("inproc", description="'inproc' (in memory), 'shm' (/dev/shm), "
+                           "'tcp' (loopback sockets) or 'filesystem' (<run dir>/weights)")
+    anchor_budget: float = Field(1.0, gt=0, description="send a full update (an anchor) once "
+                                 "the delta bytes since the last one would pass this x full size")
+    timeout_s: float = Field(120.0, gt=0, description="the engine waits at most this long for "
+                             "each published version (tcp: also per send), then the run fails")
+    dead_after_s: float = Field(10.0, gt=0, description="tcp, shm, filesystem: a sender silent "
+                                "this long counts as dead")
+
+    @field_validator("codec")
+    @classmethod
+    def _known_codec(cls, v: str) -> str:
+        from traingym.weights.colocated import codec_choices
+
+        if v not in codec_choices():
+            raise ValueError(f"unknown codec {v!r}; choose one of {codec_choices()}")
+        return v
+
+    @field_validator("transport")
+    @classmethod
+    def _known_transport(cls, v: str) -> str:
+        from traingym.weights.colocated import transport_choices
+
+        if v not in transport_choices():
+            raise ValueError(f"unknown transport {v!r} for a colocated run; choose one of "
+                             f"{transport_choices()}")
+        return v
+
+
 class Config(_Strict):
     seed: int = 0
     steps: int = Field(40, ge=1, description="optimizer steps")
@@ -98,6 +133,7 @@ class Config(_Strict):
     trainer: TrainerConfig = TrainerConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    weights: WeightsConfig = WeightsConfig()
 
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -151,6 +151,9 @@ class Run:
     eval_stop_ids: tuple[int, ...]  # evaluation always ends at end of turn
     t_start: float = field(default_factory=time.monotonic)
 
+    def close(self) -> None:
+        self.weights.close()
+
     def maybe_checkpoint(self, step: int) -> bool:
         every = self.cfg.checkpoint.every
         if step + 1 != self.cfg.steps and not (every and (step + 1) % every == 0):
@@ -179,6 +182,9 @@ class Run:
             "tokens_per_s": gen_tokens / max(seconds["step"], 1e-9),
             **{f"seconds_{k}": v for k, v in seconds.items()},
             "checkpoint_saved": saved,
+            "policy_version": min(v for g in groups for s in g.samples for v in s.versions
+                                  if v >= 0),  # the oldest policy token (< 0: env tokens)
+            **self.weights.last,
             "elapsed_s": time.monotonic() - self.t_start,
         }
 
@@ -217,8 +223,8 @@ def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_datas
             state = checkpoint.load(saved[-1], trainer.model, trainer.optimizer)
             start_step, position = state["step"], state["data_position"]
         log.truncate_after(start_step)
-    weights = ColocatedSync(engine)
-    weights.publish(trainer.export(), version=start_step)
+    weights = ColocatedSync(engine, cfg.weights, dtype, run_dir / "weights")
+    weights.publish(trainer.export(), version=start_step)  # a new publisher: an anchor first
     run = Run(cfg, run_dir, inputs, tok, trainer, engine, factory,
               RolloutRunner(engine, factory, params, r.group_size, tokenizer=tok,
                             limits=EpisodeLimits(r.max_turns, r.max_context_tokens),

@@ -1,16 +1,129 @@
-"""In-process weight sync for colocated runs: the trainer's state is copied into the engine's
-model (cast to the engine's dtype) between steps. No codec or transport is involved; the
-subsystem for other processes and machines lives beside this file.
+"""Weight sync for the colocated loop: the trainer's Publisher and the engine's Subscriber in
+one process, over a real codec and transport (sync.py).
+
+`publish(trainer.export(), version)` after each optimizer step:
+1. the trainer's state is cast to the engine's dtype (`wire_state`: fp32 masters -> bf16 for the
+   default engine; a tied tensor such as `lm_head` = `embed_tokens` is sent once);
+2. the publisher encodes it (delta against the previous version, or full: first, on the
+   anchor budget, or when `auto` predicts full is faster) and sends it;
+3. the subscriber receives, checks the payload's and its own base hash, applies, checks the
+   target hash, and resyncs from the chain on any fault, until it holds `version`;
+4. only then the engine copies the verified tensors into its own model (`update_weights`).
+The engine's model is separate from the trainer's and is written only with verified weights.
+Memory beside the engine's copy, in engine-dtype copies of the model (269 MB for the 135M
+default): the publisher's shadow (1), the subscriber's state (1), and the transport's chain
+for resyncs, the last anchor plus the deltas since (at most 1 + anchor_budget; on disk for
+filesystem, which also keeps the previous chain until the next anchor).
+
+Transports: inproc (handed over in memory), shm (/dev/shm, removed on close), tcp (loopback
+sockets, a free port), filesystem (`<run dir>/weights`, removed on close).
+Not covered: the dist transport (it needs a process group), engines in other processes (build
+them with weights/config.py's make_publisher / make_subscriber).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import shutil
+import time
+import uuid
+import weakref
+from pathlib import Path
+
 import torch
+
+from traingym.weights import filesystem, inproc, tcp
+from traingym.weights.base import CODECS, RECEIVERS, SENDERS, State
+from traingym.weights.sync import Publisher, PublisherConfig, PublishStats, Subscriber
+
+_TRANSPORT_CONFIGS = {
+    "inproc": lambda cfg, tag, root: inproc.InprocConfig(name=tag),
+    "shm": lambda cfg, tag, root: filesystem.ShmConfig(name=tag, dead_after_s=cfg.dead_after_s),
+    "tcp": lambda cfg, tag, root: tcp.TcpConfig(port=0, send_timeout_s=cfg.timeout_s,
+                                                dead_after_s=cfg.dead_after_s),
+    "filesystem": lambda cfg, tag, root: filesystem.FilesystemConfig(
+        root=str(root), dead_after_s=cfg.dead_after_s),
+}
+
+
+def codec_choices() -> list[str]:
+    return ["auto", *sorted(CODECS)]
+
+
+def transport_choices() -> list[str]:
+    return sorted(n for n in _TRANSPORT_CONFIGS if n in SENDERS and n in RECEIVERS)
+
+
+def wire_state(state: State, dtype: torch.dtype) -> State:
+    """The state as the engine holds it: detached, cast to `dtype`, contiguous, and each
+    aliased tensor (tied weights) once, under its first name in sorted order."""
+    out, seen = {}, set()
+    for name in sorted(state):
+        t = state[name]
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.detach().to(dtype).contiguous()
+    return out
 
 
 class ColocatedSync:
-    def __init__(self, engine):
-        self.engine = engine
+    """Publisher + subscriber + engine. `cfg` is the run config's `weights` section."""
 
-    def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
-        self.engine.update_weights(state, version)
+    def __init__(self, engine, cfg, dtype: torch.dtype, scratch_dir: Path) -> None:
+        self.engine, self.cfg, self.dtype = engine, cfg, dtype
+        self.scratch_dir = scratch_dir
+        self.tag = f"run-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        if cfg.transport == "filesystem" and scratch_dir.exists():
+            shutil.rmtree(scratch_dir)  # frames of an earlier session of this run
+        tc = _TRANSPORT_CONFIGS[cfg.transport](cfg, self.tag, scratch_dir)
+        self.sender = SENDERS[cfg.transport](tc)
+        if cfg.transport == "tcp":
+            tc = dataclasses.replace(tc, port=self.sender.port)
+        self.publisher = Publisher(self.sender, PublisherConfig(cfg.codec, cfg.anchor_budget))
+        self.subscriber = Subscriber(RECEIVERS[cfg.transport](tc))
+        self.last: dict = {}
+        owned = self.sender.root if cfg.transport in ("shm", "filesystem") else None
+        # Shared memory outlives the process: remove it at exit even if close() is never called.
+        self._cleanup = weakref.finalize(self, _remove, owned)
+
+    @property
+    def version(self) -> int | None:
+        return self.subscriber.version
+
+    def publish(self, state: State, version: int) -> PublishStats:
+        """Send `version`; return once the engine serves it, verified (or raise)."""
+        t0 = time.perf_counter()
+        wire = wire_state(state, self.dtype)
+        t1 = time.perf_counter()
+        before = dataclasses.replace(self.subscriber.stats)
+        stats = self.publisher.publish(wire, version)
+        t2 = time.perf_counter()
+        verified = self.subscriber.wait_for(version, self.cfg.timeout_s)
+        t3 = time.perf_counter()
+        self.engine.update_weights(verified, version)
+        t4 = time.perf_counter()
+        after = self.subscriber.stats
+        numel = sum(t.numel() for t in wire.values())
+        self.last = {
+            "sync_version": version, "sync_codec": stats.codec, "sync_reason": stats.reason,
+            "sync_bytes": stats.payload_bytes, "sync_full_bytes": stats.full_bytes,
+            "sync_changed_frac": stats.changed / numel if stats.changed >= 0 else None,
+            "sync_corrupt": after.corrupt - before.corrupt,
+            "sync_resyncs": after.resyncs - before.resyncs,
+            "sync_cast_s": t1 - t0, "sync_encode_s": stats.encode_s, "sync_send_s": stats.send_s,
+            "sync_apply_s": t3 - t2, "sync_engine_s": t4 - t3,
+        }
+        return stats
+
+    def close(self) -> None:
+        self.subscriber.receiver.close()
+        self.sender.close()
+        self._cleanup()
+
+
+def _remove(path: Path | None) -> None:
+    if path is not None and path.exists():
+        shutil.rmtree(path)

@@ -58,6 +58,7 @@ class InprocSender:
     def close(self) -> None:
         with self.hub.lock:
             self.hub.closed = True
+            self.hub.chain = Chain()  # a closed hub keeps no weights alive
             self.hub.lock.notify_all()
 
 
