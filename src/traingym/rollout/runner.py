@@ -65,9 +65,19 @@ class RolloutRunner:
         self.engine, self.factory = engine, factory
         self.params, self.group_size = params, group_size
         self.tokenizer, self.limits, self.group_reward = tokenizer, limits, group_reward
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def collect(self, examples: list[tuple[int, dict[str, Any]]], seed: int) -> list[Group]:
-        return asyncio.run(self._collect(examples, seed))
+        # One event loop for the whole run: what envs keep across steps (a warm sandbox pool,
+        # open connections) is bound to the loop it was created in.
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(self._collect(examples, seed))
+
+    def close(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
 
     def _params(self, context_len: int) -> SamplingParams:
         """The sampling params, with max_new_tokens cut to the room left in the context."""

@@ -1,0 +1,86 @@
+"""A code-execution environment: the policy writes a function, hidden tests grade it in a sandbox.
+
+Rows come from envs/code_problems.py (or any rows with prompt, entry, inputs, expected and an
+optional prefill). The prompt is rendered with the chat template and pre-filled with the row's
+`prefill` (e.g. "```python\\ndef add("); the program is that pre-fill plus the completion up to
+the closing fence. It runs in a sandbox from a warm pool (sandbox/pool.py) and the reward is
+the fraction of hidden tests passed, judged on the host (envs/code_grader.py).
+
+The pool is made on first use, one per event loop, backend and limits, and shared by every env
+of the run (the rollout runner keeps one loop for the whole run). The backend is named
+explicitly; "bwrap" is the default. A backend that cannot run raises SandboxUnavailable: code is
+never run on the host instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from traingym.envs.code_grader import extract_code, grade
+from traingym.envs.render import PromptRenderer
+from traingym.sandbox import DEFAULT_BACKEND, Limits, open_sandbox
+from traingym.sandbox.pool import SandboxPool
+from traingym.types import Completion, Observation, StepResult
+
+GRADING_LIMITS = Limits(cpu_s=2, wall_s=5, memory_bytes=256 << 20, processes=16,
+                        file_bytes=1 << 20, output_bytes=256 << 10)
+
+_POOLS: dict[tuple, SandboxPool] = {}
+
+
+def pool_for(backend: str, limits: Limits) -> SandboxPool:
+    """The run's shared pool for this event loop, backend and limits."""
+    loop = asyncio.get_running_loop()
+    for key in [k for k in _POOLS if k[0].is_closed()]:
+        del _POOLS[key]
+    key = (loop, backend, limits)
+    if key not in _POOLS:
+        _POOLS[key] = SandboxPool(lambda: open_sandbox(backend, limits), min_ready=2, max_size=8)
+    return _POOLS[key]
+
+
+class CodeEnv:
+    """One single-turn episode: write the function, get the fraction of hidden tests passed."""
+
+    def __init__(self, example: dict[str, Any], renderer: PromptRenderer,
+                 backend: str = DEFAULT_BACKEND, limits: Limits = GRADING_LIMITS):
+        for key in ("prompt", "entry", "inputs", "expected"):
+            if key not in example:
+                raise KeyError(f"code rows need {key!r}; got keys {sorted(example)}")
+        self.example, self.renderer = example, renderer
+        self.backend, self.limits = backend, limits
+        self.prefill = example.get("prefill", "")
+        self.verdict = None
+
+    async def reset(self) -> Observation:
+        text = self.renderer.render(self.renderer.messages(self.example)) + self.prefill
+        return Observation(self.renderer.encode(text), text)
+
+    async def step(self, completion: Completion) -> StepResult:
+        if self.verdict is not None:
+            raise RuntimeError("CodeEnv is single-use: reset() once, then step() once")
+        text = self.renderer.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        code = extract_code(text, self.prefill)
+        pool = pool_for(self.backend, self.limits)
+        async with pool.session() as sandbox:
+            self.verdict = await grade(sandbox, code, self.example["entry"],
+                                       self.example["inputs"], self.example["expected"])
+        return StepResult(reward=self.verdict.reward, done=True,
+                          info={"status": self.verdict.status, "details": self.verdict.details[:3]})
+
+
+@dataclass(frozen=True)
+class CodeEnvMaker:
+    """Picklable env maker `(example, renderer) -> CodeEnv` with a chosen backend."""
+
+    backend: str = DEFAULT_BACKEND
+
+    def __call__(self, example: dict[str, Any], renderer: PromptRenderer) -> CodeEnv:
+        return CodeEnv(example, renderer, self.backend)
+
+
+def code_env(example: dict[str, Any], renderer: PromptRenderer) -> CodeEnv:
+    """The default maker (bwrap), for `task.env: traingym.envs.code_env:code_env`."""
+    return CodeEnv(example, renderer)
