@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 
@@ -50,19 +51,38 @@ def backend(request):
     return request.param
 
 
-@pytest.fixture(autouse=True)
-def _no_leftovers():
-    """No sandbox process survives a test (fork bombs, daemons)."""
-    yield
-    leftovers = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _descendants_of(root: int) -> list[int]:
+    """Live processes below `root` (other people's sandboxes on this machine are not ours)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
             continue
+        pid = int(name)
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
+            chain = pid
+            while chain > 1:
+                chain = _parent(chain)
+                if chain == root:
+                    found.append(pid)
+                    break
         except (FileNotFoundError, ProcessLookupError):
             continue  # exited while we looked
-        if b"pidns" in cmd and b"read_msg" in cmd:  # an agent or a fork of one
-            leftovers.append(pid)
-    assert not leftovers, f"sandbox processes left behind: {leftovers}"
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers():
+    """No process this test started survives it (fork bombs, daemons, agents)."""
+    yield
+    leftovers = _descendants_of(os.getpid())
+    for _ in range(50):  # a killed namespace takes a moment to disappear
+        if not leftovers:
+            break
+        time.sleep(0.02)
+        leftovers = _descendants_of(os.getpid())
+    assert not leftovers, f"processes left behind: {leftovers}"
