@@ -62,11 +62,35 @@ def find() -> CgroupLayout | None:
     return None
 
 
+def remove_stale(layout: CgroupLayout) -> int:
+    """Remove empty sandbox cgroups whose creating process is dead (it was killed before it
+    could clean up). Names carry the creator's pid, so live owners are never touched."""
+    removed = 0
+    for parent in {layout.pids_parent, layout.memory_parent} - {None}:
+        for d in parent.glob("traingym-*-*"):
+            pid = int(d.name.split("-")[1])
+            try:
+                os.kill(pid, 0)
+                continue  # its owner is alive
+            except ProcessLookupError:
+                pass
+            if not (d / "cgroup.procs").read_text().strip():
+                d.rmdir()
+                removed += 1
+    return removed
+
+
+_cleaned: set[int] = set()  # pids of processes that already removed stale cgroups
+
+
 class SandboxCgroup:
     """The cgroups of one sandbox. Create before starting it, `enter()` in the child, `remove()`."""
 
     def __init__(self, layout: CgroupLayout):
-        name = f"traingym-{uuid.uuid4().hex[:12]}"
+        if os.getpid() not in _cleaned:
+            _cleaned.add(os.getpid())
+            remove_stale(layout)
+        name = f"traingym-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.layout = layout
         self.pids = layout.pids_parent / name if layout.pids_parent else None
         self.memory = layout.memory_parent / name if layout.memory_parent else None
