@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -123,7 +123,37 @@ class WeightsConfig(_Strict):
         return v
 
 
+class AsyncConfig(_Strict):
+    """Disaggregated mode (`mode: async`, async_loop.py): engines in their own processes stream
+    scored groups to the trainer while it trains, within a bound on staleness."""
+
+    max_staleness: int = Field(1, ge=0, description="a group is trained on at step s only if "
+                               "every policy token came from version >= s - max_staleness; "
+                               "older groups are dropped and counted, never trained on")
+    queue_size: int = Field(0, ge=0, description="groups dispatched to engines and not yet "
+                            "consumed (in flight or scored and waiting); 0: (max_staleness + 1)"
+                            " x rollout.prompts_per_step")
+    recycle: bool = Field(True, description="a dropped (too stale) group's prompt is sampled "
+                          "again; False: it is skipped and the next prompt is taken")
+    engines: int = Field(1, ge=1, description="rollout engine processes")
+    is_correction: Literal["none", "tis", "mis"] = Field(
+        "tis", description="importance-sampling correction for the gap between the engine's "
+        "log-probs and the trainer's: truncated (tis), masked (mis) or none")
+    is_level: Literal["token", "sequence"] = Field("token", description="ratio per token, or "
+                                                   "one ratio per sequence (product over tokens)")
+    is_cap: float = Field(2.0, ge=1.0, description="tis: weights are cut to this; mis: tokens "
+                          "(or sequences) with a weight above it get weight 0")
+    engine_timeout_s: float = Field(120.0, gt=0, description="an engine that delivers nothing "
+                                    "this long while work is outstanding fails the run")
+    restarts: int = Field(0, ge=0, description="engine processes that may be restarted after "
+                          "dying (their in-flight prompts are dispatched again); past that the "
+                          "run fails")
+
+
 class Config(_Strict):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_by_name=True,
+                              validate_by_alias=True, serialize_by_alias=True)
+
     seed: int = 0
     steps: int = Field(40, ge=1, description="optimizer steps")
     threads: int = Field(0, ge=0, description="torch threads (0: all cores)")
@@ -134,6 +164,20 @@ class Config(_Strict):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     weights: WeightsConfig = WeightsConfig()
+    mode: Literal["sync", "async"] = Field("sync", description="sync: generate, then train, "
+                                           "in one process; async: engines in other processes "
+                                           "keep generating while the trainer trains")
+    async_: AsyncConfig = Field(AsyncConfig(), alias="async")
+
+    @model_validator(mode="after")
+    def _async_needs(self) -> Config:
+        if self.mode == "sync" and self.async_.model_fields_set:
+            raise ValueError("the 'async' section applies only with mode='async'")
+        if self.mode == "async" and self.weights.transport not in ("tcp", "shm", "filesystem"):
+            raise ValueError(f"mode='async' runs engines in other processes: weights.transport "
+                             f"must be 'tcp', 'shm' or 'filesystem', not "
+                             f"{self.weights.transport!r}")
+        return self
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -163,7 +207,7 @@ def _merge(base: dict, over: dict) -> dict:
 def _valid_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     keys = []
     for name, field in model.model_fields.items():
-        ann = field.annotation
+        ann, name = field.annotation, field.alias or name
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             keys += _valid_keys(ann, f"{prefix}{name}.")
         else:
@@ -232,7 +276,9 @@ def validate(data: dict) -> Config:
             loc = ".".join(str(p) for p in err["loc"])
             if err["type"] == "extra_forbidden":
                 problems.append(f"unknown key '{loc}'")
-            else:
+            elif loc:
                 problems.append(f"'{loc}': {err['msg']}")
+            else:  # a check across sections
+                problems.append(err["msg"].removeprefix("Value error, "))
         raise ConfigError("invalid config: " + "; ".join(problems)
                           + "\nvalid keys: " + ", ".join(_valid_keys(Config))) from None

@@ -19,13 +19,17 @@ def grpo_token_loss(
     clip_high: float,
     ref_logp_B_T: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    is_weight_B_T: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token loss, per-token k3 KL (zeros without a reference) and a clipped-token mask."""
+    """Per-token loss, per-token k3 KL (zeros without a reference) and a clipped-token mask.
+    `is_weight_B_T` (no grad; algorithms/importance.py) multiplies the policy-gradient term."""
     ratio_B_T = torch.exp(logp_B_T - old_logp_B_T)
     adv_B_1 = advantages_B[:, None]
     unclipped = ratio_B_T * adv_B_1
     clipped = ratio_B_T.clamp(1 - clip_low, 1 + clip_high) * adv_B_1
     loss_B_T = -torch.minimum(unclipped, clipped)
+    if is_weight_B_T is not None:
+        loss_B_T = loss_B_T * is_weight_B_T.detach()
     is_clipped_B_T = (clipped < unclipped).float()
     if ref_logp_B_T is not None:
         log_ratio = ref_logp_B_T - logp_B_T

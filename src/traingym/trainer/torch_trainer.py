@@ -2,7 +2,10 @@
 
 One optimizer step per batch, on-policy: the "old" log-probs of the PPO ratio are the trainer's
 own log-probs detached, so the ratio is 1 in value and the clip only matters for later epochs or
-off-policy data (disaggregated mode, a later issue). The loss is summed over the policy tokens of
+off-policy data. In disaggregated mode (async_loop.py) the samples come from an older policy:
+`importance` (the run's `async` section) then weights each policy token's policy-gradient term
+by the importance ratio of the trainer's and the engine's log-probs, truncated or masked
+(algorithms/importance.py). The loss is summed over the policy tokens of
 the batch and divided by their count (token-level averaging), accumulated over micro-batches of
 whole groups so that each prompt is run once per micro-batch. Environment tokens of multi-turn
 samples (`Sample.loss_mask` 0) are run through the model as context but carry no loss, no KL
@@ -21,6 +24,7 @@ import math
 
 import torch
 
+from traingym.algorithms.importance import importance_sums, importance_weights
 from traingym.algorithms.losses import grpo_token_loss
 from traingym.config import TrainerConfig
 from traingym.trainer.logprobs import completion_logprobs
@@ -28,11 +32,13 @@ from traingym.types import Batch
 
 
 class TorchTrainer:
-    def __init__(self, model, cfg: TrainerConfig, temperature: float, pad_token_id: int):
+    def __init__(self, model, cfg: TrainerConfig, temperature: float, pad_token_id: int,
+                 importance=None):
         self.model = model.train()
         self.cfg = cfg
         self.temperature = temperature
         self.pad_token_id = pad_token_id
+        self.importance = importance  # AsyncConfig (is_correction, is_level, is_cap) or None
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas,
             weight_decay=cfg.weight_decay, foreach=True)
@@ -68,10 +74,14 @@ class TorchTrainer:
                         ref = completion_logprobs(self.reference, *rows).logp_B_T
             adv_B = torch.tensor([a for adv in advantages for a in adv], dtype=torch.float32,
                                  device=out.logp_B_T.device)
+            mask = out.mask_B_T  # policy tokens only
+            weight_B_T = self._importance(groups, out.logp_B_T, mask)
             loss_B_T, kl_B_T, clipped_B_T = grpo_token_loss(
                 out.logp_B_T, out.logp_B_T.detach(), adv_B, self.cfg.clip_low,
-                self.cfg.clip_high, ref, self.cfg.kl_coef)
-            mask = out.mask_B_T  # policy tokens only
+                self.cfg.clip_high, ref, self.cfg.kl_coef, weight_B_T)
+            if weight_B_T is not None:
+                for k, v in importance_sums(weight_B_T, mask).items():
+                    stats[k] = stats.get(k, 0.0) + v / total_tokens
             (loss_B_T * mask).sum().div(total_tokens).backward()
             stats["loss"] += float((loss_B_T.detach() * mask).sum()) / total_tokens
             stats["kl"] += float((kl_B_T.detach() * mask).sum()) / total_tokens
@@ -84,6 +94,18 @@ class TorchTrainer:
         self.optimizer.step()
         return {**stats, "grad_norm": float(grad_norm), "trained_tokens": total_tokens,
                 "lr": self.cfg.lr}
+
+    def _importance(self, groups, logp_B_T, mask_B_T) -> torch.Tensor | None:
+        """Importance weights from the engine's recorded log-probs (None: no correction)."""
+        imp = self.importance
+        if imp is None or imp.is_correction == "none":
+            return None
+        engine_B_T = torch.zeros_like(logp_B_T, dtype=torch.float32)
+        rows = [s.completion_logprobs for g in groups for s in g.samples]
+        for i, lps in enumerate(rows):
+            engine_B_T[i, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
+        return importance_weights(logp_B_T.detach().float(), engine_B_T, mask_B_T,
+                                  imp.is_correction, imp.is_level, imp.is_cap)
 
     def export(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.model.state_dict().items()}
