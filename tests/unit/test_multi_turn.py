@@ -219,3 +219,43 @@ def test_factories_pickle_and_build_working_envs():
         clone = pickle.loads(pickle.dumps(factory))
         obs = env_run(clone({"prompt": "What is 1 + 1?", "answer": 2}).reset())
         assert obs.prompt_ids == env_run(factory({"prompt": "What is 1 + 1?", "answer": 2}).reset()).prompt_ids
+
+
+class Overlapping(ScriptedEnv):
+    """Records how many episodes are inside step() at once."""
+
+    inside = 0
+    most = 0
+
+    async def step(self, c):
+        import asyncio
+
+        Overlapping.inside += 1
+        Overlapping.most = max(Overlapping.most, Overlapping.inside)
+        await asyncio.sleep(0)
+        Overlapping.inside -= 1
+        return await super().step(c)
+
+
+def test_episodes_step_concurrently_and_share_one_engine_call_per_turn():
+    engine = ScriptedEngine()
+    runner = RolloutRunner(engine, lambda ex: Overlapping(ex, turns=3), SamplingParams(), 4,
+                           tokenizer=IdsTokenizer(), limits=EpisodeLimits(max_turns=3))
+    groups = runner.collect([(0, {}), (1, {}), (2, {})], seed=0)
+    assert Overlapping.most == 12  # all 3 x 4 episodes were inside step() together
+    assert [len(call) for call in engine.calls] == [3, 12, 12]  # one engine call per turn
+    assert [call[0].n for call in engine.calls] == [4, 1, 1]
+    assert all(s.turns == 3 for g in groups for s in g.samples)
+
+
+def test_multi_turn_env_is_single_use():
+    env = Retry({"prompt": "q"}, PromptRenderer(tiny_tokenizer()))
+    with pytest.raises(RuntimeError, match="single-use"):
+        env_run(env.step(Completion((1,), [2], [0.0], "length", 0)))
+    obs = env_run(env.reset())
+    with pytest.raises(RuntimeError, match="single-use"):
+        env_run(env.reset())
+    ids = tiny_tokenizer().encode("5")
+    assert env_run(env.step(Completion(obs.prompt_ids, ids, [0.0] * len(ids), "length", 0))).done
+    with pytest.raises(RuntimeError, match="single-use"):
+        env_run(env.step(Completion(obs.prompt_ids + tuple(ids), ids, [0.0], "length", 0)))
