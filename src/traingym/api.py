@@ -61,7 +61,12 @@ def train(config: Config | dict | str | Path | None = None, *, dataset=None, eva
         _save_scores(run_dir / "eval_before.json", before)
     if before:
         show(_format("before", before))
-    metrics = train_loop(run, start)
+    if cfg.mode == "async":
+        from traingym.async_loop import async_train_loop
+
+        metrics = async_train_loop(run, start)
+    else:
+        metrics = train_loop(run, start)
     if not metrics:
         metrics = (json.loads((run_dir / "events.jsonl").read_text().splitlines()[-1])
                    if (run_dir / "events.jsonl").exists() else {})

@@ -208,7 +208,8 @@ def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_datas
     model, tok = load_policy(cfg.model.path, seed=cfg.seed)
     dtype = torch.bfloat16 if cfg.model.engine_dtype == "bfloat16" else torch.float32
     engine = TorchEngine(copy.deepcopy(model), tok.pad_token_id, cfg.rollout.max_batch_rows, dtype)
-    trainer = TorchTrainer(model, cfg.trainer, cfg.rollout.temperature, tok.pad_token_id)
+    trainer = TorchTrainer(model, cfg.trainer, cfg.rollout.temperature, tok.pad_token_id,
+                           importance=cfg.async_ if cfg.mode == "async" else None)
     renderer = PromptRenderer(tok, cfg.task.prefill, cfg.task.system_prompt)
     factory = (BoundFactory(inputs.env, renderer) if inputs.env is not None
                else SingleTurnFactory(inputs.reward_fn, renderer))

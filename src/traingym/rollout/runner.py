@@ -74,6 +74,11 @@ class RolloutRunner:
             self._loop = asyncio.new_event_loop()
         return self._loop.run_until_complete(self._collect(examples, seed))
 
+    async def collect_async(self, examples: list[tuple[int, dict[str, Any]]],
+                            seed: int) -> list[Group]:
+        """`collect` inside a running event loop (an engine process runs one per group)."""
+        return await self._collect(examples, seed)
+
     def close(self) -> None:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())

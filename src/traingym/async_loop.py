@@ -1,0 +1,146 @@
+"""The RL loop, asynchronous and disaggregated: engines in other processes keep sampling while
+the trainer trains; a bound on staleness decides what may be trained on.
+
+Versions: the trainer's weights at step s are version s; after the step it publishes s + 1.
+A group's staleness at step s is s minus the oldest policy version among its tokens (sync
+mode: always 0). A group with staleness > `async.max_staleness` is never trained on: it is
+dropped and counted, and its prompt is sampled again (`async.recycle`) or skipped.
+
+Admission keeps drops rare instead of merely counting them: a prompt is dispatched only while
+(dispatched - dropped) <= (steps done + max_staleness + 1) x prompts_per_step, and while fewer
+than `async.queue_size` groups are out (dispatched, not yet consumed). With groups consumed
+in dispatch order and engines holding the latest weights when they start a prompt, this
+bounds staleness by max_staleness; out-of-order arrival (slow environments) and engines a
+publish behind still produce drops, which the bound then enforces.
+
+Every prompt of the training stream is trained on at most once: each is out at most once at
+a time, a result is accepted only from the engine that holds it (cluster/local.py), and a
+dropped one is either dispatched again or counted as skipped. Step records add
+`prompt_indices` (trained this step), `async_dropped_indices`, staleness and queue figures,
+and the trainer's idle time (`seconds_rollout`: the wait for groups; `trainer_idle_frac`).
+The last record lists `async_unfinished`: prompts still out or waiting to be redone.
+
+Not covered: resuming an async run (refused), reproducibility (what arrives when depends on
+timing, so async runs are not bitwise repeatable), Ray (the cluster seam is LocalEngines).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from traingym.algorithms.advantages import build_batch
+from traingym.cluster.engine_process import Job
+from traingym.cluster.local import LocalEngines
+from traingym.config import ConfigError
+from traingym.rollout.runner import stream_seed
+from traingym.types import Group
+
+
+def oldest_version(group: Group) -> int:
+    """The oldest policy version among the group's tokens (environment tokens excluded)."""
+    return min(v for s in group.samples for v in s.versions if v >= 0)
+
+
+class Feed:
+    """The trainer's ledger of prompts: out at the engines, to redo, dropped, skipped."""
+
+    def __init__(self, data, seed: int, per_step: int, max_staleness: int, window: int,
+                 recycle: bool):
+        self.data, self.seed, self.per_step = data, seed, per_step
+        self.max_staleness, self.window, self.recycle = max_staleness, window, recycle
+        self.out: dict[tuple[int, int], dict] = {}  # key -> row
+        self.redo: deque[tuple[int, int, dict]] = deque()  # (index, attempt, row)
+        self.dispatched = self.dropped = self.skipped = 0
+
+    def jobs(self, steps_done: int) -> list[Job]:
+        """New jobs the admission rule allows now."""
+        out = []
+        limit = (steps_done + self.max_staleness + 1) * self.per_step
+        while len(self.out) < self.window and self.dispatched - self.dropped < limit:
+            if self.redo:
+                index, attempt, row = self.redo.popleft()
+            else:
+                (index, row), attempt = self.data.take(1)[0], 0
+            key = (index, attempt)
+            self.out[key] = row
+            self.dispatched += 1
+            out.append(Job(key, row, stream_seed(self.seed, index, attempt)))
+        return out
+
+    def back(self, key) -> dict:
+        return self.out.pop(key)
+
+    def drop(self, key, row) -> None:
+        self.dropped += 1
+        if self.recycle:
+            self.redo.append((key[0], key[1] + 1, row))
+        else:
+            self.skipped += 1
+
+    def unfinished(self) -> list[int]:
+        return sorted([k[0] for k in self.out] + [i for i, _, _ in self.redo])
+
+
+def _take_fresh(engines: LocalEngines, feed: Feed, step: int, steps_done: int):
+    """Wait for prompts_per_step groups fresh enough for `step`; drop the stale ones."""
+    groups, staleness, dropped, meta = [], [], [], {}
+    while len(groups) < feed.per_step:
+        for job in feed.jobs(steps_done):
+            engines.dispatch(job)
+        key, group, meta = engines.next()
+        row = feed.back(key)
+        age = step - oldest_version(group)
+        if age > feed.max_staleness:
+            feed.drop(key, row)
+            dropped.append(key[0])
+            continue
+        groups.append(group)
+        staleness.append(age)
+    for job in feed.jobs(steps_done):  # keep the engines busy while the trainer trains
+        engines.dispatch(job)
+    info = {"prompt_indices": [g.index for g in groups], "async_dropped_indices": dropped,
+            "async_dropped": len(dropped), "async_staleness_mean": sum(staleness) / len(staleness),
+            "async_staleness_max": max(staleness), "async_out": len(feed.out),
+            "async_engine_version": meta.get("engine_version")}
+    return groups, info
+
+
+def async_train_loop(run, start_step: int) -> dict:
+    cfg, a = run.cfg, run.cfg.async_
+    if start_step:
+        raise ConfigError("mode='async' cannot resume a run yet; resume it with mode='sync' "
+                          "or start a new run directory")
+    per_step = cfg.rollout.prompts_per_step
+    feed = Feed(run.data, cfg.seed, per_step, a.max_staleness,
+                a.queue_size or (a.max_staleness + 1) * per_step, a.recycle)
+    engines = LocalEngines(run, start_step)
+    metrics: dict = {}
+    try:
+        for step in range(start_step, cfg.steps):
+            t0 = time.monotonic()
+            groups, info = _take_fresh(engines, feed, step, step - start_step)
+            t1 = time.monotonic()
+            batch = build_batch(groups, normalize_std=cfg.trainer.normalize_std)
+            train_metrics = run.trainer.train_step(batch)
+            t2 = time.monotonic()
+            sync = engines.publish(run.trainer.export(), step + 1)
+            t3 = time.monotonic()
+            saved = run.maybe_checkpoint(step)
+            t4 = time.monotonic()
+            seconds = {"rollout": t1 - t0, "train": t2 - t1, "sync": t3 - t2,
+                       "checkpoint": t4 - t3, "step": t4 - t0}
+            metrics = run.step_metrics(step, groups, batch, train_metrics, seconds, saved)
+            metrics = {k: v for k, v in metrics.items() if not k.startswith("sync_")}
+            metrics.update(sync, **info, trainer_idle_frac=seconds["rollout"] / seconds["step"],
+                           async_dropped_total=feed.dropped, async_skipped_total=feed.skipped,
+                           **{f"async_{k}": v for k, v in engines.stats.items()})
+            if step + 1 == cfg.steps:
+                metrics["async_unfinished"] = feed.unfinished()
+            run.log.event(metrics)
+            run.log.samples(step, groups)
+            run.progress.update(step, metrics)
+    finally:
+        engines.close()
+    run.weights.publish(run.trainer.export(), version=cfg.steps)  # the in-process eval engine
+    return metrics

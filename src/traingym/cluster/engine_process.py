@@ -1,0 +1,184 @@
+"""A rollout engine in its own process: build the model from the run's config, take weights
+only through the weight-sync Subscriber (hash-verified), and turn prompts into scored groups.
+
+Runs under multiprocessing `spawn` (cluster/local.py starts it). What it does, in order:
+1. one torch thread; model and tokenizer built from `cfg.model` exactly as the trainer builds
+   them, the tokenizer's fingerprint reported so the trainer can check that ids mean the same;
+2. a Subscriber over the run's transport (tcp, shm or filesystem); the engine serves nothing
+   until it holds a verified version >= the one it was started for;
+3. a serve loop: take jobs (one prompt each) from its request queue, run each as its own
+   asyncio task (G envs, all of the episode's turns), and batch the generation requests of all
+   live tasks into one engine call; slow environment steps overlap with generation and with
+   each other. Between engine calls it applies every verified update that has arrived, so
+   in-flight episodes are never dropped: a turn that started under version v is sampled under
+   v, and each token records the version that produced it;
+4. each scored group goes back on its result queue with the job's key.
+It exits when told to (None on the request queue), when the trainer's process is gone, or
+with an ("error", traceback) message and a non-zero exit code when anything raises.
+
+Not covered: weight updates between decode steps of one engine call (in-flight updates).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import queue
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import xxhash
+
+
+@dataclass(frozen=True)
+class Job:
+    key: tuple[int, int]  # (prompt index in the training stream, attempt)
+    row: dict[str, Any]
+    seed: int
+
+
+@dataclass
+class EngineSpec:
+    """Everything an engine process needs; picklable (callables must be module-level)."""
+
+    cfg: Any  # the run's Config
+    transport: Any  # TcpConfig | ShmConfig | FilesystemConfig, ready to connect
+    start_version: int
+    reward_fn: Callable | None
+    env: Callable | None
+    group_reward: Callable | None
+
+
+def tokenizer_fingerprint(tok) -> str:
+    vocab = sorted(tok.get_vocab().items())
+    return xxhash.xxh3_64(json.dumps([vocab, tok.pad_token_id, tok.eos_token_id]).encode()
+                          ).hexdigest()
+
+
+class _Batcher:
+    """The engine as each task's runner sees it: generate() parks the requests; the serve loop
+    runs everything parked in one engine call."""
+
+    def __init__(self, engine):
+        self.engine, self.parked = engine, []
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    async def generate(self, requests):
+        future = asyncio.get_running_loop().create_future()
+        self.parked.append((requests, future))
+        return await future
+
+    async def run_parked(self) -> None:
+        batch, self.parked = self.parked, []
+        out = await self.engine.generate([r for reqs, _ in batch for r in reqs])
+        start = 0
+        for reqs, future in batch:
+            future.set_result(out[start : start + len(reqs)])
+            start += len(reqs)
+
+
+class EngineProcess:
+    def __init__(self, spec: EngineSpec, requests, results):
+        import torch
+
+        from traingym.envs.multi_turn import BoundFactory
+        from traingym.envs.render import PromptRenderer
+        from traingym.envs.single_turn import SingleTurnFactory
+        from traingym.models.loader import load_policy
+        from traingym.rollout.runner import EpisodeLimits, RolloutRunner
+        from traingym.rollout.torch_engine import TorchEngine
+        from traingym.types import SamplingParams
+        from traingym.weights.base import RECEIVERS
+        from traingym.weights.sync import Subscriber
+
+        torch.set_num_threads(1)
+        cfg, r = spec.cfg, spec.cfg.rollout
+        self.requests, self.results, self.parent = requests, results, os.getppid()
+        model, tok = load_policy(cfg.model.path, seed=cfg.seed)
+        dtype = torch.bfloat16 if cfg.model.engine_dtype == "bfloat16" else torch.float32
+        self.engine = TorchEngine(model, tok.pad_token_id, r.max_batch_rows, dtype)
+        self.engine.version = -1  # the built weights are never served
+        self.subscriber = Subscriber(RECEIVERS[spec.transport.type](spec.transport))
+        self.timeout_s = cfg.weights.timeout_s
+        verified = self.subscriber.wait_for(spec.start_version, self.timeout_s)
+        self.engine.update_weights(verified, self.subscriber.version)
+        renderer = PromptRenderer(tok, cfg.task.prefill, cfg.task.system_prompt)
+        factory = (BoundFactory(spec.env, renderer) if spec.env is not None
+                   else SingleTurnFactory(spec.reward_fn, renderer))
+        stop_ids = () if r.ignore_eos else (tok.eos_token_id,)
+        params = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, stop_ids)
+        self.batcher = _Batcher(self.engine)
+        self.runner = RolloutRunner(self.batcher, factory, params, r.group_size, tokenizer=tok,
+                                    limits=EpisodeLimits(r.max_turns, r.max_context_tokens),
+                                    group_reward=spec.group_reward)
+        self.generate_s, self.updates = 0.0, 0
+        results.put(("ready", {"pid": os.getpid(), "tokenizer": tokenizer_fingerprint(tok),
+                               "version": self.engine.version}))
+
+    def poll_weights(self) -> None:
+        """Apply every verified update that has arrived (none: return at once)."""
+        from traingym.weights.base import TransportTimeout
+
+        advanced = False
+        while True:
+            try:
+                advanced |= self.subscriber.poll(0.0)
+            except TransportTimeout:
+                break
+        if advanced:
+            self.engine.update_weights(self.subscriber.state, self.subscriber.version)
+            self.updates += 1
+
+    async def run_job(self, job: Job) -> None:
+        groups = await self.runner.collect_async([(job.key[0], job.row)], job.seed)
+        meta = {"engine_version": self.engine.version, "generate_s": self.generate_s,
+                "updates": self.updates, **dataclasses.asdict(self.subscriber.stats)}
+        self.results.put(("group", job.key, groups[0], meta))
+
+    async def serve(self) -> None:
+        import time
+
+        tasks: set[asyncio.Task] = set()
+        while True:
+            if os.getppid() != self.parent:
+                return  # the trainer is gone
+            self.poll_weights()
+            while True:
+                try:
+                    job = self.requests.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    for t in tasks:
+                        t.cancel()
+                    return
+                tasks.add(asyncio.create_task(self.run_job(job)))
+            for _ in range(3):  # let new tasks reach their first generate call
+                await asyncio.sleep(0)
+            if self.batcher.parked:
+                t0 = time.perf_counter()
+                await self.batcher.run_parked()
+                self.generate_s += time.perf_counter() - t0
+            else:
+                await asyncio.sleep(0.002)
+            for t in [t for t in tasks if t.done()]:
+                tasks.discard(t)
+                t.result()  # an env or reward that raised stops the engine, loudly
+
+
+def engine_main(spec: EngineSpec, requests, results) -> None:
+    """Entry point of an engine process."""
+    try:
+        proc = EngineProcess(spec, requests, results)
+        asyncio.run(proc.serve())
+    except BaseException:
+        results.put(("error", traceback.format_exc()))
+        results.close()
+        results.join_thread()  # the report reaches the trainer before the process exits
+        raise

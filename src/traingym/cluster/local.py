@@ -1,0 +1,242 @@
+"""Rollout engines as local processes (multiprocessing spawn), and the trainer's side of their
+weight sync.
+
+`LocalEngines` starts `async.engines` engine processes (cluster/engine_process.py), publishes
+the trainer's weights to all of them through one Publisher over the run's transport (tcp,
+shm or filesystem; an anchor before any engine starts, deltas or anchors after each step),
+hands each job (one prompt) to the engine holding the fewest, and returns scored groups as
+they arrive, in arrival order. It knows which engine incarnation holds which job, and accepts
+a result only from that incarnation, so a job is never trained on twice:
+- an engine process that dies is restarted (up to `async.restarts` in the run) and gets its
+  predecessor's jobs again; the new process verifies the latest weights' hash before serving.
+  Past the restart budget the run fails with EngineDied (engine, pid, exit code, jobs held);
+- an engine that raises reports its traceback (EngineError), and the run fails;
+- an engine holding jobs that delivers nothing for `async.engine_timeout_s` fails the run
+  (EngineStalled); so does a tokenizer that differs from the trainer's.
+
+The seam for Ray (a later cluster/ray.py): the same calls, dispatch(job) / next() /
+publish(state, version) / close(), over actors instead of processes.
+Not covered: engines on other machines, a trainer that dies (engines exit when it is gone).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from traingym.cluster.engine_process import EngineSpec, Job, engine_main, tokenizer_fingerprint
+from traingym.weights.base import SENDERS
+from traingym.weights.colocated import wire_state
+from traingym.weights.filesystem import FilesystemConfig, ShmConfig
+from traingym.weights.sync import Publisher, PublisherConfig
+from traingym.weights.tcp import TcpConfig
+
+
+class EngineError(RuntimeError):
+    """Code inside an engine process raised (an env, a reward, the engine); carries its
+    traceback."""
+
+
+class EngineDied(RuntimeError):
+    """An engine process exited unasked and no restart was left."""
+
+
+class EngineStalled(TimeoutError):
+    """An engine held work and delivered nothing within async.engine_timeout_s."""
+
+
+@dataclass
+class _Handle:
+    eid: int
+    incarnation: int
+    proc: mp.Process
+    requests: mp.Queue
+    results: mp.Queue
+    pump: threading.Thread | None = None
+    jobs: dict = field(default_factory=dict)  # key -> Job, dispatched and not yet delivered
+    ready: dict | None = None
+    last_heard: float = field(default_factory=time.monotonic)
+    stopping: bool = False
+
+
+def _transport(weights_cfg, run_dir: Path):
+    """The transport config for engines in other processes, and the sender over it."""
+    t, tag = weights_cfg.transport, f"engines-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    if t == "tcp":
+        tc = TcpConfig(port=0, send_timeout_s=weights_cfg.timeout_s,
+                       dead_after_s=weights_cfg.dead_after_s)
+    elif t == "shm":
+        tc = ShmConfig(name=tag, dead_after_s=weights_cfg.dead_after_s)
+    elif t == "filesystem":
+        tc = FilesystemConfig(root=str(run_dir / "weights-engines"),
+                              dead_after_s=weights_cfg.dead_after_s)
+    else:
+        raise ValueError(f"weights.transport={t!r} does not reach other processes")
+    sender = SENDERS[t](tc)
+    if t == "tcp":
+        tc = dataclasses.replace(tc, port=sender.port)
+    return tc, sender
+
+
+class LocalEngines:
+    def __init__(self, run, start_version: int):
+        cfg = run.cfg
+        self.acfg, self.run_dir = cfg.async_, run.run_dir
+        self.dtype = torch.bfloat16 if cfg.model.engine_dtype == "bfloat16" else torch.float32
+        self.transport, self.sender = _transport(cfg.weights, run.run_dir)
+        self.publisher = Publisher(self.sender, PublisherConfig(cfg.weights.codec,
+                                                                cfg.weights.anchor_budget))
+        self.publish(run.trainer.export(), start_version)  # an anchor before any engine joins
+        inputs = run.inputs
+        self.spec = EngineSpec(cfg, self.transport, start_version, inputs.reward_fn, inputs.env,
+                               inputs.group_reward)
+        self.tokenizer = tokenizer_fingerprint(run.tokenizer)
+        self.ctx = mp.get_context("spawn")
+        self.inbox: queue.Queue = queue.Queue()
+        self.restarts_left = self.acfg.restarts
+        self.stats = {"engine_restarts": 0, "redispatched": 0, "ignored_results": 0}
+        self.handles = [self._start(eid, 0) for eid in range(self.acfg.engines)]
+
+    # ---- processes ----------------------------------------------------------------------
+    def _start(self, eid: int, incarnation: int) -> _Handle:
+        spec = dataclasses.replace(self.spec, start_version=self.publisher.version)
+        requests, results = self.ctx.Queue(), self.ctx.Queue()
+        proc = self.ctx.Process(target=engine_main, args=(spec, requests, results),
+                                name=f"traingym-engine-{eid}", daemon=True)
+        proc.start()
+        h = _Handle(eid, incarnation, proc, requests, results)
+        h.pump = threading.Thread(target=self._pump, args=(h,), daemon=True)
+        h.pump.start()
+        return h
+
+    def _pump(self, h: _Handle) -> None:
+        """Move one engine's messages into the shared inbox until its process has ended."""
+        while True:
+            try:
+                msg = h.results.get(timeout=0.1)
+            except queue.Empty:
+                if h.proc.exitcode is not None:
+                    return
+                continue
+            except (EOFError, OSError):
+                return
+            self.inbox.put((h.eid, h.incarnation, msg))
+
+    def _on_exit(self, h: _Handle) -> None:
+        """An engine process ended unasked: surface its error, or restart it, or fail."""
+        h.pump.join(timeout=2.0)  # its last messages (an error report) reach the inbox
+        held = []
+        while True:
+            try:
+                held.append(self.inbox.get_nowait())
+            except queue.Empty:
+                break
+        for eid, inc, msg in held:
+            if (eid, inc) == (h.eid, h.incarnation) and msg[0] == "error":
+                raise EngineError(f"rollout engine {h.eid} (pid {h.proc.pid}) raised:\n{msg[1]}")
+        for item in held:
+            self.inbox.put(item)
+        what = (f"rollout engine {h.eid} (pid {h.proc.pid}) exited with code "
+                f"{h.proc.exitcode} holding {len(h.jobs)} prompts")
+        if h.ready is None:
+            what += (" before it was ready (see its stderr above; a script that starts an "
+                     "async run needs an `if __name__ == '__main__':` guard, as spawn re-imports"
+                     " it)")
+        if self.restarts_left <= 0:
+            raise EngineDied(f"{what}; async.restarts={self.acfg.restarts} allows no further "
+                             "restart")
+        self.restarts_left -= 1
+        self.stats["engine_restarts"] += 1
+        new = self._start(h.eid, h.incarnation + 1)
+        self.handles[h.eid] = new
+        for job in h.jobs.values():
+            self._send(new, job)
+        self.stats["redispatched"] += len(h.jobs)
+
+    # ---- jobs ---------------------------------------------------------------------------
+    def _send(self, h: _Handle, job: Job) -> None:
+        if not h.jobs:
+            h.last_heard = time.monotonic()  # the stall clock starts with the first job
+        h.jobs[job.key] = job
+        h.requests.put(job)
+
+    def dispatch(self, job: Job) -> None:
+        self._send(min(self.handles, key=lambda h: len(h.jobs)), job)
+
+    def held(self) -> list[tuple[int, int]]:
+        return [k for h in self.handles for k in h.jobs]
+
+    def next(self):
+        """The next scored group from any engine: (key, group, engine meta)."""
+        while True:
+            try:
+                eid, inc, msg = self.inbox.get(timeout=0.05)
+            except queue.Empty:
+                self._check()
+                continue
+            h = self.handles[eid]
+            if inc != h.incarnation:
+                self.stats["ignored_results"] += 1  # from a dead predecessor: redone
+                continue
+            h.last_heard = time.monotonic()
+            if msg[0] == "error":
+                raise EngineError(f"rollout engine {eid} (pid {h.proc.pid}) raised:\n{msg[1]}")
+            if msg[0] == "ready":
+                if msg[1]["tokenizer"] != self.tokenizer:
+                    raise EngineError(f"rollout engine {eid} built a tokenizer that differs "
+                                      "from the trainer's; token ids would not mean the same")
+                h.ready = msg[1]
+                continue
+            key, group, meta = msg[1], msg[2], msg[3]
+            if h.jobs.pop(key, None) is None:
+                self.stats["ignored_results"] += 1
+                continue
+            return key, group, meta
+
+    def _check(self) -> None:
+        now = time.monotonic()
+        for h in list(self.handles):
+            if h.proc.exitcode is not None:
+                self._on_exit(h)
+            elif h.jobs and now - h.last_heard > self.acfg.engine_timeout_s:
+                raise EngineStalled(f"rollout engine {h.eid} (pid {h.proc.pid}) holds "
+                                    f"{len(h.jobs)} prompts and delivered nothing for "
+                                    f"{self.acfg.engine_timeout_s}s (async.engine_timeout_s)")
+
+    # ---- weights ------------------------------------------------------------------------
+    def publish(self, state, version: int) -> dict:
+        """Send `version` to every engine (they apply it between engine calls)."""
+        t0 = time.perf_counter()
+        wire = wire_state(state, self.dtype)
+        stats = self.publisher.publish(wire, version)
+        numel = sum(t.numel() for t in wire.values())
+        return {"sync_version": version, "sync_codec": stats.codec, "sync_reason": stats.reason,
+                "sync_bytes": stats.payload_bytes, "sync_full_bytes": stats.full_bytes,
+                "sync_changed_frac": stats.changed / numel if stats.changed >= 0 else None,
+                "sync_encode_s": stats.encode_s, "sync_send_s": stats.send_s,
+                "sync_publish_s": time.perf_counter() - t0}
+
+    def close(self) -> None:
+        for h in self.handles:
+            if h.proc.exitcode is None:
+                h.requests.put(None)
+        for h in self.handles:
+            h.proc.join(timeout=10.0)
+            if h.proc.exitcode is None:
+                h.proc.kill()
+                h.proc.join(timeout=5.0)
+            h.requests.cancel_join_thread()
+        self.sender.close()
+        root = getattr(self.sender, "root", None)
+        if root is not None and Path(root).exists():
+            shutil.rmtree(root)
