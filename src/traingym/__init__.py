@@ -4,6 +4,7 @@ Public API (imported lazily so that `import traingym` stays cheap):
   train(config, dataset=, eval_dataset=, reward=, run_dir=, resume=) -> TrainResult
   Config, build_config                       typed config and presets
   Sample, Completion, Group, Batch, ...      records crossing seams (traingym.types)
+  MultiTurnEnv, Reply, ToolTask              multi-turn and tool-use envs (pass as env=)
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ _LAZY = {
     "SamplingParams": ("traingym.types", "SamplingParams"),
     "GenerationRequest": ("traingym.types", "GenerationRequest"),
     "RewardError": ("traingym.envs.single_turn", "RewardError"),
+    "MultiTurnEnv": ("traingym.envs.multi_turn", "MultiTurnEnv"),
+    "Reply": ("traingym.envs.multi_turn", "Reply"),
+    "ToolTask": ("traingym.envs.tools", "ToolTask"),
     "DatasetError": ("traingym.envs.datasets", "DatasetError"),
 }
 

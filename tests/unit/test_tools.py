@@ -130,3 +130,14 @@ def test_tool_episode_error_message_appended_as_masked_ids():
     assert run.loss_mask == [1] * len(p1) + [0] * len(e1) + [1] * len(p2) + [0] * len(e2) + \
         [1] * len(p3)
     assert env.transcript.completion_ids == run.completion_ids  # the env kept the same ids
+    # with canonical policy tokens, the appended ids equal a full re-render of the chat
+    t1 = '<tool_call>{"name": "multiply", "arguments": {"a": 6,}}</tool_call>'
+    t2 = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
+    error = asyncio.run(run_call({}, HermesParser().parse(t1)[0]))[1]
+    chat = env.first_messages() + [
+        {"role": "assistant", "content": t1}, {"role": "tool", "content": error},
+        {"role": "assistant", "content": t2}, {"role": "tool", "content": "42"},
+        {"role": "assistant", "content": "It is 42."}]
+    full = tok.apply_chat_template(chat, tokenize=False)
+    assert full.endswith("<|im_end|>\n")
+    assert tok(full[:-1], add_special_tokens=False)["input_ids"] == list(run.context)
