@@ -1,0 +1,131 @@
+"""Async disaggregated mode on the tiny model, engines in their own processes: end to end at
+staleness 1 (tcp) and 2 (shm); no trained group older than the bound; stale groups dropped and
+counted, their prompts redone (or skipped); every prompt trained on at most once and none lost;
+a killed engine fails the run fast with a clear error, or is restarted with its prompts redone;
+an engine that raises or stalls fails the run; bad async configs fail before any work."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import traingym
+from traingym.cluster.local import EngineDied, EngineError, EngineStalled
+from traingym.config import ConfigError
+from traingym.observability.events import read_events
+
+from async_envs import KillOnce, SlowFirst, raising_reward  # noqa: E402 (tests/cluster on sys.path)
+
+
+def _cfg(steps=6, transport="tcp", **a):
+    return traingym.build_config("tiny", overrides={
+        "steps": steps, "mode": "async", "threads": 1, "weights": {"transport": transport},
+        "async": {"engine_timeout_s": 60.0, **a}, "eval": {"before": False, "after": False}})
+
+
+def _ledger(events, k):
+    """Check staleness and exactly-once from the step records; return (trained, dropped)."""
+    trained, dropped = [], []
+    for e in events:
+        s = e["step"] - 1  # the trainer's version while it trained this step
+        assert e["async_staleness_max"] <= k
+        assert e["policy_version"] >= s - k and e["policy_version"] <= s
+        assert len(e["prompt_indices"]) == 4
+        trained += e["prompt_indices"]
+        dropped += e["async_dropped_indices"]
+    assert len(trained) == len(set(trained)), "a prompt was trained on twice"
+    assert sum(e["async_dropped"] for e in events) == events[-1]["async_dropped_total"]
+    return trained, dropped
+
+
+@pytest.mark.parametrize("k,transport", [(1, "tcp"), (2, "shm")])
+def test_async_run_end_to_end(tmp_path, k, transport):
+    result = traingym.train(_cfg(6, transport, max_staleness=k), run_dir=tmp_path / "run",
+                            progress=False)
+    events = read_events(tmp_path / "run")
+    assert [e["step"] for e in events] == [1, 2, 3, 4, 5, 6]
+    trained, _ = _ledger(events, k)
+    unfinished = result.final_metrics["async_unfinished"]
+    # nothing lost: every prompt taken from the stream is trained on or still out
+    assert sorted(trained + unfinished) == list(range(len(trained) + len(unfinished)))
+    assert any(e["async_staleness_max"] >= 1 for e in events), "never overlapped: vacuous"
+    assert all(e["sync_version"] == e["step"] for e in events)
+    assert any(e["groups_kept"] > 0 for e in events)
+    weights = [e["is_weight_mean"] for e in events if e["groups_kept"]]
+    assert all(0.0 < w <= 2.0 for w in weights)  # tis caps at 2
+    assert any(w != 1.0 for w in weights), "stale samples but no importance correction"
+
+
+def _slow_rows(n=40):
+    return [{"prompt": f"What is {i} + {i % 7}?", "answer": i + i % 7, "slow": i % 4 == 0}
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("recycle", [True, False])
+def test_stale_groups_are_dropped_counted_and_redone(tmp_path, recycle):
+    rows = _slow_rows()
+    result = traingym.train(_cfg(8, max_staleness=1, recycle=recycle), dataset=rows,
+                            env=SlowFirst(4, 0.4), run_dir=tmp_path / "run", progress=False)
+    events = read_events(tmp_path / "run")
+    trained, dropped = _ledger(events, 1)
+    assert dropped, "no group was ever too stale: the test would be vacuous"
+    unfinished = result.final_metrics["async_unfinished"]
+    last = events[-1]
+    assert last["async_dropped_total"] == len(dropped)
+    if recycle:
+        assert last["async_skipped_total"] == 0
+        assert set(dropped) <= set(trained) | set(unfinished)  # redone, or still out
+        taken = trained + unfinished
+    else:
+        assert last["async_skipped_total"] == len(dropped)
+        assert not set(dropped) & (set(trained) | set(unfinished))  # skipped for good
+        taken = trained + unfinished + dropped
+    assert sorted(taken) == list(range(len(taken))), "a prompt was lost or taken twice"
+
+
+def test_killed_engine_fails_the_run_fast(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(EngineDied, match=r"rollout engine 0 .* exited with code -9 holding"):
+        traingym.train(_cfg(20), env=KillOnce(str(tmp_path / "marker"), after=30),
+                       run_dir=tmp_path / "run", progress=False)
+    assert (tmp_path / "marker").exists()
+    assert time.monotonic() - t0 < 60
+
+
+def test_killed_engine_is_restarted_and_its_prompts_redone(tmp_path):
+    result = traingym.train(_cfg(8, restarts=1), env=KillOnce(str(tmp_path / "marker"), 30),
+                            run_dir=tmp_path / "run", progress=False)
+    events = read_events(tmp_path / "run")
+    assert (tmp_path / "marker").exists()
+    last = events[-1]
+    assert last["async_engine_restarts"] == 1 and last["async_redispatched"] > 0
+    trained, _ = _ledger(events, 1)
+    taken = trained + result.final_metrics["async_unfinished"]
+    assert sorted(taken) == list(range(len(taken)))
+
+
+def test_engine_that_raises_fails_the_run_with_its_traceback(tmp_path):
+    with pytest.raises(EngineError, match="reward exploded on purpose"):
+        traingym.train(_cfg(3), reward=raising_reward, dataset=_slow_rows(8),
+                       run_dir=tmp_path / "run", progress=False)
+
+
+def test_stalled_engine_fails_within_the_timeout(tmp_path):
+    rows = [{**r, "slow": True} for r in _slow_rows(8)]
+    t0 = time.monotonic()
+    with pytest.raises(EngineStalled, match="delivered nothing"):
+        traingym.train(_cfg(3, engine_timeout_s=2.0), dataset=rows, env=SlowFirst(4, 3600.0),
+                       run_dir=tmp_path / "run", progress=False)
+    assert time.monotonic() - t0 < 40
+
+
+def test_bad_async_configs_fail_before_work():
+    with pytest.raises(ConfigError, match="weights.transport must be"):
+        traingym.build_config("tiny", overrides={"mode": "async"})
+    with pytest.raises(ConfigError, match="applies only with mode='async'"):
+        traingym.build_config("tiny", overrides={"async": {"max_staleness": 2}})
+    with pytest.raises(ConfigError, match="async.is_correction"):
+        _cfg(is_correction="clip")
+    with pytest.raises(ConfigError, match="unknown key 'async.stale'"):
+        _cfg(stale=1)
