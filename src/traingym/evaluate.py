@@ -52,7 +52,10 @@ def evaluate(engine, factory: EnvFactory, rows: list[dict], temperature: float,
                                 stop_token_ids=stop_ids)
         runner = RolloutRunner(engine, factory, params, k, tokenizer=tokenizer, limits=limits,
                                group_reward=group_reward)
-        groups = runner.collect(list(enumerate(rows)), seed)
+        try:
+            groups = runner.collect(list(enumerate(rows)), seed)
+        finally:
+            runner.close()
         out[name] = _score([sum(s.reward for s in g.samples) / len(g.samples) for g in groups])
     return out
 

@@ -7,7 +7,7 @@ the closing fence. It runs in a sandbox from a warm pool (sandbox/pool.py) and t
 the fraction of hidden tests passed, judged on the host (envs/code_grader.py).
 
 The pool is made on first use, one per event loop, backend and limits, and shared by every env
-of the run (the rollout runner keeps one loop for the whole run). The backend is named
+of the run (the rollout runner keeps one loop for the whole run); it is closed with the runner. The backend is named
 explicitly; "bwrap" is the default. A backend that cannot run raises SandboxUnavailable: code is
 never run on the host instead.
 """
@@ -20,6 +20,7 @@ from typing import Any
 
 from traingym.envs.code_grader import extract_code, grade
 from traingym.envs.render import PromptRenderer
+from traingym.envs.resources import on_loop_close
 from traingym.sandbox import DEFAULT_BACKEND, Limits, open_sandbox
 from traingym.sandbox.pool import SandboxPool
 from traingym.types import Completion, Observation, StepResult
@@ -32,12 +33,16 @@ _POOLS: dict[tuple, SandboxPool] = {}
 
 def pool_for(backend: str, limits: Limits) -> SandboxPool:
     """The run's shared pool for this event loop, backend and limits."""
-    loop = asyncio.get_running_loop()
-    for key in [k for k in _POOLS if k[0].is_closed()]:
-        del _POOLS[key]
-    key = (loop, backend, limits)
+    key = (asyncio.get_running_loop(), backend, limits)
     if key not in _POOLS:
-        _POOLS[key] = SandboxPool(lambda: open_sandbox(backend, limits), min_ready=2, max_size=8)
+        pool = _POOLS[key] = SandboxPool(lambda: open_sandbox(backend, limits), min_ready=2,
+                                         max_size=8)
+
+        async def close() -> None:
+            del _POOLS[key]
+            await pool.close()
+
+        on_loop_close(close)
     return _POOLS[key]
 
 

@@ -23,10 +23,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 from traingym.envs.base import EnvFactory
+from traingym.envs.resources import close_loop_resources
 from traingym.envs.group import GroupReward, score_group
 from traingym.envs.transcript import ContextError, Transcript
 from traingym.types import Completion, GenerationRequest, Group, SamplingParams, StepResult
@@ -66,13 +68,20 @@ class RolloutRunner:
         self.params, self.group_size = params, group_size
         self.tokenizer, self.limits, self.group_reward = tokenizer, limits, group_reward
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     def collect(self, examples: list[tuple[int, dict[str, Any]]], seed: int) -> list[Group]:
-        # One event loop for the whole run: what envs keep across steps (a warm sandbox pool,
-        # open connections) is bound to the loop it was created in.
-        if self._loop is None or self._loop.is_closed():
+        """Run one collection on the runner's event loop, which lives in a background thread
+        for the whole run: what envs keep across steps (a warm sandbox pool, connections) is
+        bound to that loop, and its timers and pipes keep being served while the trainer
+        trains (a loop that only ran inside `collect` would see every timeout of its
+        background work expire at once when it resumed)."""
+        if self._loop is None:
             self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(self._collect(examples, seed))
+            self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                            name="traingym-rollouts")
+            self._thread.start()
+        return asyncio.run_coroutine_threadsafe(self._collect(examples, seed), self._loop).result()
 
     async def collect_async(self, examples: list[tuple[int, dict[str, Any]]],
                             seed: int) -> list[Group]:
@@ -80,9 +89,14 @@ class RolloutRunner:
         return await self._collect(examples, seed)
 
     def close(self) -> None:
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-            self._loop.close()
+        if self._loop is None:
+            return
+        loop, self._loop = self._loop, None
+        asyncio.run_coroutine_threadsafe(close_loop_resources(), loop).result()
+        asyncio.run_coroutine_threadsafe(loop.shutdown_asyncgens(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        self._thread.join()
+        loop.close()
 
     def _params(self, context_len: int) -> SamplingParams:
         """The sampling params, with max_new_tokens cut to the room left in the context."""

@@ -16,6 +16,8 @@ Not covered: stop strings (stop token ids only), speculative decoding, paged att
 
 from __future__ import annotations
 
+import asyncio
+
 import torch
 from transformers import DynamicCache
 
@@ -76,7 +78,9 @@ class TorchEngine:
         self.version = version
 
     async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
-        return self.generate_sync(requests)
+        """In a worker thread, so the caller's event loop (env steps, sandbox pipes and their
+        timeouts) keeps running while the model decodes."""
+        return await asyncio.to_thread(self.generate_sync, requests)
 
     def generate_sync(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         out: list[list[Completion]] = [[] for _ in requests]
