@@ -152,6 +152,7 @@ class Run:
     t_start: float = field(default_factory=time.monotonic)
 
     def close(self) -> None:
+        self.rollouts.close()
         self.weights.close()
 
     def maybe_checkpoint(self, step: int) -> bool:
