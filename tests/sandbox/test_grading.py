@@ -1,4 +1,4 @@
-"""The code-task grader against the known reward hacks, on the default (bwrap) backend.
+"""The code-task grader against the known reward hacks, on bwrap and on process.
 
 Every hack below targets `add(a, b)`; none may earn a single passing case, and the sandbox must
 stay usable for an honest solution right after.
@@ -66,14 +66,18 @@ def _no_leftovers():
     yield
 
 
-@pytest.fixture(scope="module")
-def sandbox():
+@pytest.fixture(scope="module", params=["bwrap", "process"])
+def sandbox(request):
+    """Grading hacks are defeated by the grader's design (inputs in, JSON out, judged on the
+    host), not by isolation, so every case also runs on the process backend."""
     loop = asyncio.new_event_loop()  # the sandbox's pipes belong to the loop that opened it
     try:
-        sb = loop.run_until_complete(open_sandbox("bwrap", Limits(cpu_s=2, wall_s=3)))
+        # the process backend cannot limit processes as root (see sandbox/process.py)
+        limits = Limits(cpu_s=2, wall_s=3, processes=None if request.param == "process" else 16)
+        sb = loop.run_until_complete(open_sandbox(request.param, limits))
     except SandboxUnavailable as e:
         loop.close()
-        pytest.skip(f"bwrap unavailable here: {e}")
+        pytest.skip(f"{request.param} unavailable here: {e}")
     yield loop, sb
     loop.run_until_complete(sb.close())
     loop.close()
@@ -104,6 +108,8 @@ def test_reward_hack_earns_nothing_and_the_sandbox_stays_usable(sandbox, name):
 
 
 def test_symlink_to_host_files_reads_nothing_of_the_host(sandbox):
+    if sandbox[1].backend == "process":
+        pytest.skip("the process backend is not a security boundary: host files are readable")
     code = ("import os\nos.symlink('/etc/shadow', 'leak')\n"
             "def add(a, b):\n    return open('leak').read()\n")
     v = run(sandbox, code)
