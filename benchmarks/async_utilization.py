@@ -1,0 +1,151 @@
+"""Trainer utilisation, sync against async, side by side on one workload with heavy-tailed
+environment latency.
+
+Workload: a ~2.6M-parameter Llama (hidden 256, 4 layers; the tiny preset's tokenizer, built
+once into a temporary folder), the tiny preset's digit-fraction reward behind
+envs/latency.py's DelayedReward: every sample's env step waits a lognormal time (median
+--median-s, sigma --sigma; sigma 1 gives p99 about 10x the median). The same steps, batch
+and seeds run under mode=sync and mode=async with max_staleness 1, 2 and 4 (one engine
+process on one torch thread over tcp; the trainer on one thread). Each configuration runs in
+its own fresh Python process, one after the other.
+
+Per configuration, over the steps after --warmup (the first steps include engine start-up):
+- trainer idle fraction: time the trainer waited for groups / step time (sync: the whole
+  rollout, as the trainer has nothing else to do meanwhile);
+- samples per second: trained samples / step time;
+- reward against samples: reward_mean of the trained groups every few steps, and the mean
+  over the last half of the run;
+- async: drops (too stale), mean staleness, restarts.
+Hardware differs by design: sync uses one core for everything; async uses one for the
+trainer and one for the engine (that is what disaggregation buys). Prints a table and writes
+benchmarks/results/async_utilization.json.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python benchmarks/async_utilization.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CONFIGS = {"sync": None, "async-k1": 1, "async-k2": 2, "async-k4": 4}
+
+
+def build_model(folder: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from traingym.models.loader import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=512,
+                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=256, tie_word_embeddings=True,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                      bos_token_id=tok.bos_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+
+
+def run_one(name: str, args) -> None:
+    """Run one configuration in this process (called in a fresh subprocess)."""
+    import traingym
+    from traingym.envs.latency import DelayedReward
+    from traingym.envs.tasks import digit_fraction
+
+    over = {"steps": args.steps, "threads": 1, "seed": args.seed,
+            "model": {"path": args.model_dir, "engine_dtype": "float32"},
+            "eval": {"before": False, "after": False},
+            "rollout": {"prompts_per_step": args.prompts, "group_size": 4,
+                        "max_new_tokens": args.tokens}}
+    if CONFIGS[name] is not None:
+        over.update({"mode": "async", "weights": {"transport": "tcp"},
+                     "async": {"max_staleness": CONFIGS[name]}})
+    cfg = traingym.build_config("tiny", overrides=over)
+    traingym.train(cfg, env=DelayedReward(digit_fraction, args.median_s, args.sigma, args.seed),
+                   run_dir=args.run_dir, progress=False)
+
+
+def summarize(run_dir: Path, warmup: int, group_size: int) -> dict:
+    from traingym.observability.events import read_events
+
+    events = read_events(run_dir)
+    timed = events[warmup:]
+    step_s = sum(e["seconds_step"] for e in timed)
+    samples = sum(e["groups"] for e in timed) * group_size
+    half = events[len(events) // 2 :]
+    out = {
+        "trainer_idle_frac": sum(e["seconds_rollout"] for e in timed) / step_s,
+        "samples_per_s": samples / step_s,
+        "seconds_per_step": step_s / len(timed),
+        "seconds_train_mean": statistics.fmean(e["seconds_train"] for e in timed),
+        "reward_last_half": statistics.fmean(e["reward_mean"] for e in half),
+        "reward_curve": [(e["step"] * e["groups"] * group_size, round(e["reward_mean"], 4))
+                         for e in events],
+    }
+    if "async_dropped_total" in events[-1]:
+        out.update(dropped=events[-1]["async_dropped_total"],
+                   staleness_mean=statistics.fmean(e["async_staleness_mean"] for e in events),
+                   restarts=events[-1]["async_engine_restarts"])
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--median-s", type=float, default=0.05)
+    p.add_argument("--sigma", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--only", nargs="*", default=list(CONFIGS))
+    p.add_argument("--one", help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", help=argparse.SUPPRESS)
+    p.add_argument("--run-dir", help=argparse.SUPPRESS)
+    p.add_argument("--out", default=str(Path(__file__).parent / "results/async_utilization.json"))
+    args = p.parse_args()
+    if args.one:
+        run_one(args.one, args)
+        return
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / "model"
+        build_model(model_dir)
+        for name in args.only:
+            run_dir = Path(tmp) / name
+            cmd = [sys.executable, __file__, "--one", name, "--model-dir", str(model_dir),
+                   "--run-dir", str(run_dir), "--steps", str(args.steps), "--prompts",
+                   str(args.prompts), "--tokens", str(args.tokens), "--median-s",
+                   str(args.median_s), "--sigma", str(args.sigma), "--seed", str(args.seed)]
+            t0 = time.monotonic()
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            results[name] = {**summarize(run_dir, args.warmup, 4),
+                             "wall_s": time.monotonic() - t0}
+    base = results.get("sync")
+    print(f"{'config':10} {'idle':>6} {'samples/s':>10} {'x sync':>7} {'s/step':>7} "
+          f"{'train s':>8} {'reward(2nd half)':>17} {'dropped':>8} {'stale':>6}")
+    for name, r in results.items():
+        ratio = r["samples_per_s"] / base["samples_per_s"] if base else float("nan")
+        print(f"{name:10} {r['trainer_idle_frac']:6.1%} {r['samples_per_s']:10.1f} {ratio:7.2f} "
+              f"{r['seconds_per_step']:7.3f} {r['seconds_train_mean']:8.3f} "
+              f"{r['reward_last_half']:17.4f} {r.get('dropped', '-'):>8} "
+              f"{r.get('staleness_mean', 0.0):6.2f}")
+    print("reward against samples (every 5th step):")
+    for name, r in results.items():
+        print(f"  {name:10} " + " ".join(f"{n}:{v:.3f}" for n, v in r["reward_curve"][4::5]))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"args": {k: v for k, v in vars(args).items()
+                                                   if k not in ("one", "model_dir", "run_dir")},
+                                          "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
