@@ -15,7 +15,11 @@ Per configuration, over the steps after --warmup (the first steps include engine
 - samples per second: trained samples / step time;
 - reward against samples: reward_mean of the trained groups every few steps, and the mean
   over the last half of the run;
-- async: drops (too stale), mean staleness, restarts.
+- async: drops (too stale), mean staleness, restarts;
+- the simulator's prediction (cluster/simulate.py) next to each measurement, calibrated with
+  the engine's batch time measured alone here (two batch sizes, a line through them) and the
+  sync run's mean train and publish times; env latency as configured. Idle fraction and
+  samples/s are predicted, not fitted.
 Hardware differs by design: sync uses one core for everything; async uses one for the
 trainer and one for the engine (that is what disaggregation buys). Prints a table and writes
 benchmarks/results/async_utilization.json.
@@ -54,6 +58,52 @@ def build_model(folder: Path) -> None:
     tok.save_pretrained(folder)
 
 
+def calibrate_engine(model_dir: Path, prompts: int, tokens: int) -> tuple[float, float]:
+    """Seconds per engine batch as fixed + per_row x rows, from 1 group and `prompts` groups."""
+    import torch
+
+    from traingym.envs.render import PromptRenderer
+    from traingym.envs.tasks import builtin_task
+    from traingym.models.loader import load_policy
+    from traingym.rollout.torch_engine import TorchEngine
+    from traingym.types import GenerationRequest, SamplingParams
+
+    torch.set_num_threads(1)
+    model, tok = load_policy(str(model_dir))
+    engine = TorchEngine(model, tok.pad_token_id, 64, torch.float32)
+    render = PromptRenderer(tok, "The answer is")
+    rows = builtin_task("arith", 16).train
+    params = SamplingParams(1.0, 1.0, 0, tokens, (tok.eos_token_id,))
+
+    def timed(n: int) -> float:
+        reqs = [GenerationRequest(render.ids(rows[i]), 4, params, i) for i in range(n)]
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            engine.generate_sync(reqs)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    timed(1)  # warm-up
+    one, many = timed(1), timed(prompts)
+    per_row = (many - one) / (4 * (prompts - 1))
+    return one - 4 * per_row, per_row
+
+
+def predict(name: str, args, gen: tuple[float, float], sync: dict) -> dict:
+    from traingym.cluster.simulate import SimConfig, simulate
+
+    k = CONFIGS[name]
+    r = simulate(SimConfig(steps=args.steps, prompts_per_step=args.prompts, group_size=4,
+                           mode="sync" if k is None else "async", max_staleness=k or 0,
+                           gen_fixed_s=gen[0], gen_row_s=gen[1], env_median_s=args.median_s,
+                           env_sigma=args.sigma, train_s=sync["seconds_train_mean"],
+                           publish_s=sync["seconds_sync_mean"], warmup=args.warmup,
+                           seed=args.seed))
+    return {"trainer_idle_frac": r.trainer_idle_frac, "samples_per_s": r.samples_per_s,
+            "dropped": r.dropped}
+
+
 def run_one(name: str, args) -> None:
     """Run one configuration in this process (called in a fresh subprocess)."""
     import traingym
@@ -86,6 +136,7 @@ def summarize(run_dir: Path, warmup: int, group_size: int) -> dict:
         "samples_per_s": samples / step_s,
         "seconds_per_step": step_s / len(timed),
         "seconds_train_mean": statistics.fmean(e["seconds_train"] for e in timed),
+        "seconds_sync_mean": statistics.fmean(e["seconds_sync"] for e in timed),
         "reward_last_half": statistics.fmean(e["reward_mean"] for e in half),
         "reward_curve": [(e["step"] * e["groups"] * group_size, round(e["reward_mean"], 4))
                          for e in events],
@@ -119,6 +170,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
         build_model(model_dir)
+        gen = calibrate_engine(model_dir, args.prompts, args.tokens)
         for name in args.only:
             run_dir = Path(tmp) / name
             cmd = [sys.executable, __file__, "--one", name, "--model-dir", str(model_dir),
@@ -138,12 +190,23 @@ def main() -> None:
               f"{r['seconds_per_step']:7.3f} {r['seconds_train_mean']:8.3f} "
               f"{r['reward_last_half']:17.4f} {r.get('dropped', '-'):>8} "
               f"{r.get('staleness_mean', 0.0):6.2f}")
+    print(f"simulator (engine batch {gen[0]:.3f} s + {gen[1] * 1e3:.2f} ms/row, train and "
+          "publish from the sync run): predicted vs measured")
+    for name, r in results.items():
+        if base is None:
+            break
+        sim = r["simulated"] = predict(name, args, gen, base)
+        err = sim["samples_per_s"] / r["samples_per_s"] - 1
+        print(f"  {name:10} idle {sim['trainer_idle_frac']:6.1%} vs {r['trainer_idle_frac']:6.1%}"
+              f"   samples/s {sim['samples_per_s']:7.1f} vs {r['samples_per_s']:7.1f} "
+              f"({err:+.0%})   dropped {sim['dropped']} vs {r.get('dropped', 0)}")
     print("reward against samples (every 5th step):")
     for name, r in results.items():
         print(f"  {name:10} " + " ".join(f"{n}:{v:.3f}" for n, v in r["reward_curve"][4::5]))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"args": {k: v for k, v in vars(args).items()
                                                    if k not in ("one", "model_dir", "run_dir")},
+                                          "engine_batch_s": {"fixed": gen[0], "per_row": gen[1]},
                                           "results": results}, indent=1))
 
 
