@@ -122,6 +122,7 @@ def _async(cfg: SimConfig) -> SimResult:
             next_job += 1
             out += 1
             dispatched += 1
+        for e in range(len(engines)):  # jobs sent together start one batch, as locally
             start_batch(e, t)
 
     def start_batch(e, t):
@@ -169,9 +170,12 @@ def _async(cfg: SimConfig) -> SimResult:
         elif kind == "trained":
             version += 1
             steps_done += 1
+            link_s = cfg.link_latency_s + cfg.weight_bytes / cfg.link_bytes_per_s
             for e in range(len(engines)):
-                push(now + cfg.link_latency_s + cfg.weight_bytes / cfg.link_bytes_per_s,
-                     "weights", (e, version))
+                if link_s > 0:
+                    push(now + link_s, "weights", (e, version))
+                else:  # as over a local transport: delivered before the next dispatch
+                    engines[e].arrived = version
             step_s.append(now - step_start)
             idle_s.append(idle_this)
             training, step_start, wait_since, idle_this = False, now, now, 0.0
