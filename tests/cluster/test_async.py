@@ -39,10 +39,10 @@ def _ledger(events, k):
     return trained, dropped
 
 
-@pytest.mark.parametrize("k,transport", [(1, "tcp"), (2, "shm")])
-def test_async_run_end_to_end(tmp_path, k, transport):
-    result = traingym.train(_cfg(6, transport, max_staleness=k), run_dir=tmp_path / "run",
-                            progress=False)
+@pytest.mark.parametrize("k,transport,engines", [(1, "tcp", 1), (2, "shm", 2)])
+def test_async_run_end_to_end(tmp_path, k, transport, engines):
+    result = traingym.train(_cfg(6, transport, max_staleness=k, engines=engines),
+                            run_dir=tmp_path / "run", progress=False)
     events = read_events(tmp_path / "run")
     assert [e["step"] for e in events] == [1, 2, 3, 4, 5, 6]
     trained, _ = _ledger(events, k)
@@ -118,6 +118,12 @@ def test_stalled_engine_fails_within_the_timeout(tmp_path):
         traingym.train(_cfg(3, engine_timeout_s=2.0), dataset=rows, env=SlowFirst(4, 3600.0),
                        run_dir=tmp_path / "run", progress=False)
     assert time.monotonic() - t0 < 40
+
+
+def test_unpicklable_reward_fails_before_engines_start(tmp_path):
+    with pytest.raises(ConfigError, match="must be picklable"):
+        traingym.train(_cfg(2), reward=lambda s: 0.0, dataset=_slow_rows(8),
+                       run_dir=tmp_path / "run", progress=False)
 
 
 def test_bad_async_configs_fail_before_work():

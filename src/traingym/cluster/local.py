@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import shutil
 import threading
@@ -35,6 +36,7 @@ from pathlib import Path
 import torch
 
 from traingym.cluster.engine_process import EngineSpec, Job, engine_main, tokenizer_fingerprint
+from traingym.config import ConfigError
 from traingym.weights.base import SENDERS
 from traingym.weights.colocated import wire_state
 from traingym.weights.filesystem import FilesystemConfig, ShmConfig
@@ -105,7 +107,20 @@ class LocalEngines:
         self.inbox: queue.Queue = queue.Queue()
         self.restarts_left = self.acfg.restarts
         self.stats = {"engine_restarts": 0, "redispatched": 0, "ignored_results": 0}
-        self.handles = [self._start(eid, 0) for eid in range(self.acfg.engines)]
+        try:
+            pickle.dumps(self.spec)
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            self.sender.close()
+            raise ConfigError("mode='async' sends the reward, env and group hook to engine "
+                              "processes: each must be picklable (a module-level function or "
+                              f"class, or a dataclass of such): {e}") from e
+        self.handles: list[_Handle] = []
+        try:
+            for eid in range(self.acfg.engines):
+                self.handles.append(self._start(eid, 0))
+        except BaseException:  # stop what started, release the transport, re-raise
+            self.close()
+            raise
 
     # ---- processes ----------------------------------------------------------------------
     def _start(self, eid: int, incarnation: int) -> _Handle:
