@@ -18,7 +18,12 @@ a time, a result is accepted only from the engine that holds it (cluster/local.p
 dropped one is either dispatched again or counted as skipped. Step records add
 `prompt_indices` (trained this step), `async_dropped_indices`, staleness and queue figures,
 and the trainer's idle time (`seconds_rollout`: the wait for groups; `trainer_idle_frac`).
-The last record lists `async_unfinished`: prompts still out or waiting to be redone.
+The last record lists `async_unfinished`: prompts still out or waiting to be redone. At the
+end every engine's weights are checked against the last published hash (the run's returned
+metrics hold `async_final_weights`).
+
+    traingym train --preset tiny --set mode=async --set weights.transport=tcp \
+        --set async.max_staleness=2
 
 Not covered: resuming an async run (refused), reproducibility (what arrives when depends on
 timing, so async runs are not bitwise repeatable), Ray (the cluster seam is LocalEngines).
@@ -140,6 +145,7 @@ def async_train_loop(run, start_step: int) -> dict:
             run.log.event(metrics)
             run.log.samples(step, groups)
             run.progress.update(step, metrics)
+        metrics["async_final_weights"] = engines.verify_final()
     finally:
         engines.close()
     run.weights.publish(run.trainer.export(), version=cfg.steps)  # the in-process eval engine

@@ -51,6 +51,9 @@ def test_async_run_end_to_end(tmp_path, k, transport, engines):
     assert sorted(trained + unfinished) == list(range(len(trained) + len(unfinished)))
     assert any(e["async_staleness_max"] >= 1 for e in events), "never overlapped: vacuous"
     assert all(e["sync_version"] == e["step"] for e in events)
+    final = result.final_metrics["async_final_weights"]  # verified against the publisher
+    assert [f["engine"] for f in final] == list(range(engines))
+    assert all(f["version"] == 6 for f in final)
     assert any(e["groups_kept"] > 0 for e in events)
     weights = [e["is_weight_mean"] for e in events if e["groups_kept"]]
     assert all(0.0 < w <= 2.0 for w in weights)  # tis caps at 2

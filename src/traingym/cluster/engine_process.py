@@ -12,7 +12,9 @@ Runs under multiprocessing `spawn` (cluster/local.py starts it). What it does, i
    each other. Between engine calls it applies every verified update that has arrived, so
    in-flight episodes are never dropped: a turn that started under version v is sampled under
    v, and each token records the version that produced it;
-4. each scored group goes back on its result queue with the job's key.
+4. each scored group goes back on its result queue with the job's key;
+5. asked for a report at the end of a run, it waits for the final version and sends the hash
+   of the weights its model holds (cast as the trainer sends them).
 It exits when told to (None on the request queue), when the trainer's process is gone, or
 with an ("error", traceback) message and a non-zero exit code when anything raises.
 
@@ -103,6 +105,7 @@ class EngineProcess:
         model, tok = load_policy(cfg.model.path, seed=cfg.seed)
         dtype = torch.bfloat16 if cfg.model.engine_dtype == "bfloat16" else torch.float32
         self.engine = TorchEngine(model, tok.pad_token_id, r.max_batch_rows, dtype)
+        self.dtype = dtype
         self.engine.version = -1  # the built weights are never served
         self.subscriber = Subscriber(RECEIVERS[spec.transport.type](spec.transport))
         self.timeout_s = cfg.weights.timeout_s
@@ -135,6 +138,19 @@ class EngineProcess:
             self.engine.update_weights(self.subscriber.state, self.subscriber.version)
             self.updates += 1
 
+    def report(self, version: int) -> None:
+        """Wait for `version`, then report the hash of what the engine's model holds."""
+        from traingym.weights.colocated import wire_state
+        from traingym.weights.hashing import state_hash
+
+        self.subscriber.wait_for(version, self.timeout_s)
+        self.poll_weights()
+        if self.engine.version != self.subscriber.version:
+            self.engine.update_weights(self.subscriber.state, self.subscriber.version)
+        own = wire_state(self.engine.model.state_dict(), self.dtype)
+        self.results.put(("report", {"version": self.engine.version,
+                                     "hash": state_hash(own)}))
+
     async def run_job(self, job: Job) -> None:
         groups = await self.runner.collect_async([(job.key[0], job.row)], job.seed)
         meta = {"engine_version": self.engine.version, "generate_s": self.generate_s,
@@ -158,6 +174,9 @@ class EngineProcess:
                     for t in tasks:
                         t.cancel()
                     return
+                if isinstance(job, tuple):  # ("report", version): the final-weights check
+                    self.report(job[1])
+                    continue
                 tasks.add(asyncio.create_task(self.run_job(job)))
             for _ in range(3):  # let new tasks reach their first generate call
                 await asyncio.sleep(0)

@@ -12,7 +12,9 @@ a result only from that incarnation, so a job is never trained on twice:
   Past the restart budget the run fails with EngineDied (engine, pid, exit code, jobs held);
 - an engine that raises reports its traceback (EngineError), and the run fails;
 - an engine holding jobs that delivers nothing for `async.engine_timeout_s` fails the run
-  (EngineStalled); so does a tokenizer that differs from the trainer's.
+  (EngineStalled); so does a tokenizer that differs from the trainer's;
+- at the end, `verify_final` checks that every engine's model holds the last published
+  weights, hash for hash.
 
 The seam for Ray (a later cluster/ray.py): the same calls, dispatch(job) / next() /
 publish(state, version) / close(), over actors instead of processes.
@@ -227,6 +229,36 @@ class LocalEngines:
                 raise EngineStalled(f"rollout engine {h.eid} (pid {h.proc.pid}) holds "
                                     f"{len(h.jobs)} prompts and delivered nothing for "
                                     f"{self.acfg.engine_timeout_s}s (async.engine_timeout_s)")
+
+    def verify_final(self) -> list[dict]:
+        """Every engine's model holds exactly the last published weights (hash-equal), or
+        EngineError. Results still arriving for unfinished jobs are left undelivered."""
+        want = self.publisher.version
+        for h in self.handles:
+            h.requests.put(("report", want))
+        reports: dict[int, dict] = {}
+        deadline = time.monotonic() + self.acfg.engine_timeout_s
+        while len(reports) < len(self.handles):
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(len(self.handles))) - set(reports))
+                raise EngineStalled(f"engines {missing} did not report their weights within "
+                                    f"{self.acfg.engine_timeout_s}s")
+            try:
+                eid, inc, msg = self.inbox.get(timeout=0.05)
+            except queue.Empty:
+                self._check()
+                continue
+            h = self.handles[eid]
+            if inc != h.incarnation or msg[0] in ("group", "ready"):
+                continue
+            if msg[0] == "error":
+                raise EngineError(f"rollout engine {eid} (pid {h.proc.pid}) raised:\n{msg[1]}")
+            reports[eid] = msg[1]
+        for eid, r in sorted(reports.items()):
+            if (r["version"], r["hash"]) != (want, self.publisher.hash):
+                raise EngineError(f"rollout engine {eid} holds version {r['version']} with hash "
+                                  f"{r['hash']}, not the published {want} ({self.publisher.hash})")
+        return [{"engine": eid, **r} for eid, r in sorted(reports.items())]
 
     # ---- weights ------------------------------------------------------------------------
     def publish(self, state, version: int) -> dict:
