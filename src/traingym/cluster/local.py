@@ -283,6 +283,7 @@ class LocalEngines:
                 h.proc.kill()
                 h.proc.join(timeout=5.0)
             h.requests.cancel_join_thread()
+            h.pump.join(timeout=1.0)  # it returns once the process has ended
         self.sender.close()
         root = getattr(self.sender, "root", None)
         if root is not None and Path(root).exists():
