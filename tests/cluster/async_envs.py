@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from traingym.envs.multi_turn import MultiTurnEnv, Reply
 from traingym.envs.single_turn import SingleTurnEnv
 from traingym.envs.tasks import digit_fraction
 
@@ -63,3 +64,13 @@ class KillOnce:
 
 def raising_reward(sample):
     raise ValueError("reward exploded on purpose")
+
+
+
+class AskAgain(MultiTurnEnv):
+    """Multi-turn: after every turn the user says 'Again.'; rewards digits (a module-level
+    class, so it is its own picklable env maker)."""
+
+    async def respond(self, text):
+        return Reply(messages=[{"role": "user", "content": "Again."}],
+                     reward=sum(c.isdigit() for c in text) / max(len(text), 1))

@@ -15,7 +15,7 @@ from traingym.cluster.local import EngineDied, EngineError, EngineStalled
 from traingym.config import ConfigError
 from traingym.observability.events import read_events
 
-from async_envs import KillOnce, SlowFirst, raising_reward  # noqa: E402 (tests/cluster on sys.path)
+from async_envs import AskAgain, KillOnce, SlowFirst, raising_reward  # noqa: E402 (tests/cluster on sys.path)
 
 
 def _cfg(steps=6, transport="tcp", **a):
@@ -58,6 +58,18 @@ def test_async_run_end_to_end(tmp_path, k, transport, engines):
     weights = [e["is_weight_mean"] for e in events if e["groups_kept"]]
     assert all(0.0 < w <= 2.0 for w in weights)  # tis caps at 2
     assert any(w != 1.0 for w in weights), "stale samples but no importance correction"
+
+
+def test_multi_turn_episodes_run_async(tmp_path):
+    cfg = _cfg(4, max_staleness=1).model_copy(deep=True)
+    cfg.rollout.max_turns = 3
+    result = traingym.train(cfg, env=AskAgain, dataset=_slow_rows(16), run_dir=tmp_path / "run",
+                            progress=False)
+    events = read_events(tmp_path / "run")
+    trained, _ = _ledger(events, 1)
+    assert all(e["turns_mean"] > 1 for e in events)
+    taken = trained + result.final_metrics["async_unfinished"]
+    assert sorted(taken) == list(range(len(taken)))
 
 
 def _slow_rows(n=40):
