@@ -68,9 +68,10 @@ def raising_reward(sample):
 
 
 class AskAgain(MultiTurnEnv):
-    """Multi-turn: after every turn the user says 'Again.'; rewards digits (a module-level
+    """Multi-turn: 50 ms after every turn the user says 'Again.'; rewards digits (a module-level
     class, so it is its own picklable env maker)."""
 
     async def respond(self, text):
+        await asyncio.sleep(0.05)  # episodes outlast a train step, so some span an update
         return Reply(messages=[{"role": "user", "content": "Again."}],
                      reward=sum(c.isdigit() for c in text) / max(len(text), 1))

@@ -13,9 +13,13 @@ import pytest
 import traingym
 from traingym.cluster.local import EngineDied, EngineError, EngineStalled
 from traingym.config import ConfigError
+from traingym.async_loop import async_train_loop
 from traingym.observability.events import read_events
+from traingym.run import build_run
+from traingym.types import ENV_VERSION
 
-from async_envs import AskAgain, KillOnce, SlowFirst, raising_reward  # noqa: E402 (tests/cluster on sys.path)
+# tests/cluster is on sys.path (pytest's rootdir-less import mode), and in engine processes
+from async_envs import AskAgain, KillOnce, SlowFirst, raising_reward  # noqa: E402
 
 
 def _cfg(steps=6, transport="tcp", **a):
@@ -60,16 +64,35 @@ def test_async_run_end_to_end(tmp_path, k, transport, engines):
     assert any(w != 1.0 for w in weights), "stale samples but no importance correction"
 
 
-def test_multi_turn_episodes_run_async(tmp_path):
-    cfg = _cfg(4, max_staleness=1).model_copy(deep=True)
+def test_multi_turn_episodes_carry_a_version_per_token(tmp_path):
+    """Weights change between engine calls, not inside one: an episode that spans an update
+    has later turns at a newer version, recorded token by token; env tokens carry none."""
+    cfg = _cfg(6, max_staleness=1).model_copy(deep=True)
     cfg.rollout.max_turns = 3
-    result = traingym.train(cfg, env=AskAgain, dataset=_slow_rows(16), run_dir=tmp_path / "run",
-                            progress=False)
+    run, start = build_run(cfg, tmp_path / "run", False, dataset=_slow_rows(24), env=AskAgain,
+                           progress=False)
+    seen, train_step = [], run.trainer.train_step
+
+    def recording(batch):
+        seen.append([s for g in batch.groups for s in g.samples])
+        return train_step(batch)
+
+    run.trainer.train_step = recording
+    metrics = async_train_loop(run, start)
+    run.close()
     events = read_events(tmp_path / "run")
     trained, _ = _ledger(events, 1)
     assert all(e["turns_mean"] > 1 for e in events)
-    taken = trained + result.final_metrics["async_unfinished"]
+    taken = trained + metrics["async_unfinished"]
     assert sorted(taken) == list(range(len(taken)))
+    spanning = 0
+    for samples in seen:
+        for s in samples:
+            policy = [v for v, m in zip(s.versions, s.loss_mask) if m]
+            assert all(v == ENV_VERSION for v, m in zip(s.versions, s.loss_mask) if not m)
+            assert policy == sorted(policy) and min(policy) >= 0
+            spanning += len(set(policy)) > 1
+    assert spanning > 0, "no episode spanned a weight update: the test would be vacuous"
 
 
 def _slow_rows(n=40):
