@@ -18,7 +18,7 @@ from traingym.observability.events import read_events
 from traingym.run import build_run
 from traingym.types import ENV_VERSION
 
-# tests/cluster is on sys.path (pytest's rootdir-less import mode), and in engine processes
+# pytest (prepend import mode) puts tests/cluster on sys.path; spawned engines inherit it
 from async_envs import AskAgain, KillOnce, SlowFirst, raising_reward  # noqa: E402
 
 
