@@ -22,11 +22,18 @@ The last record lists `async_unfinished`: prompts still out or waiting to be red
 end every engine's weights are checked against the last published hash (the run's returned
 metrics hold `async_final_weights`).
 
-    traingym train --preset tiny --set mode=async --set weights.transport=tcp \
-        --set async.max_staleness=2
+    traingym train --preset tiny --set mode=async --set weights.transport=tcp
 
-Not covered: resuming an async run (refused), reproducibility (what arrives when depends on
-timing, so async runs are not bitwise repeatable), Ray (the cluster seam is LocalEngines).
+Engines start under multiprocessing spawn, which re-imports the calling script: a script that
+starts an async run needs an `if __name__ == "__main__":` guard, and its reward, env and
+group hook must be picklable (module-level).
+
+The in-process engine build_run makes (evaluation before and after training) is not used
+for rollouts here; it gets the final weights through the run's colocated sync at the end.
+
+Not covered: resuming an async run (refused), in-flight updates between decode steps,
+reproducibility (what arrives when depends on timing, so async runs are not bitwise
+repeatable), Ray (the cluster seam is LocalEngines).
 """
 
 from __future__ import annotations
@@ -114,8 +121,9 @@ def _take_fresh(engines: LocalEngines, feed: Feed, step: int, steps_done: int):
 def async_train_loop(run, start_step: int) -> dict:
     cfg, a = run.cfg, run.cfg.async_
     if start_step:
-        raise ConfigError("mode='async' cannot resume a run yet; resume it with mode='sync' "
-                          "or start a new run directory")
+        raise ConfigError("mode='async' cannot resume a run yet (its checkpoints hold the "
+                          "weights and optimizer, not the prompts in flight); start a new run "
+                          "directory")
     per_step = cfg.rollout.prompts_per_step
     feed = Feed(run.data, cfg.seed, per_step, a.max_staleness,
                 a.queue_size or (a.max_staleness + 1) * per_step, a.recycle)
