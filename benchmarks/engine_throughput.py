@@ -3,8 +3,9 @@
 Same 16 chat prompts, batch 16, exactly 64 new tokens per row (end-of-turn ignored on both
 sides), greedy and sampled at T=1. HF `generate` is timed in fp32 and bf16, and in bf16 also
 with eager attention and with a static cache (`--all` adds the remaining combinations); the
-ratio is taken against its fastest setting. Each setting gets one warm-up call, then the
-median of `--repeats` timed calls.
+ratio is taken against its fastest setting. Each setting gets one warm-up call; then
+`--repeats` rounds time every setting once in turn (interleaved, so machine noise falls on all
+settings alike), and each setting's median is reported.
 
 Not compared: throughput at other batch sizes, prompts of other lengths, or against vLLM.
     python benchmarks/engine_throughput.py [--repeats 3] [--out benchmarks/results/engine_throughput.json]
@@ -30,17 +31,22 @@ from traingym.types import GenerationRequest, SamplingParams
 BATCH, NEW = 16, 64
 
 
-def timed(fn, repeats):
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def interleaved(settings: dict, repeats: int) -> dict[str, float]:
+    """Median seconds per call of each setting. One warm-up each, then `repeats` rounds that
+    run every setting once in turn, so a noisy stretch of the shared machine hits all of them
+    alike rather than one setting's whole series."""
+    for fn in settings.values():
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    times = {name: [] for name in settings}
+    for _ in range(repeats):
+        for name, fn in settings.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def hf_setting(folder, prompts, tok, dtype, attn, cache, sample, repeats):
+def hf_setting(folder, prompts, tok, dtype, attn, cache, sample):
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn).eval()
     enc = tok.pad({"input_ids": [list(p) for p in prompts]}, padding_side="left", return_tensors="pt")
     kwargs = dict(max_new_tokens=NEW, min_new_tokens=NEW, pad_token_id=tok.pad_token_id,
@@ -53,10 +59,10 @@ def hf_setting(folder, prompts, tok, dtype, attn, cache, sample, repeats):
             out = model.generate(**enc, **kwargs)
         assert out.shape[1] - enc["input_ids"].shape[1] == NEW
 
-    return timed(run, repeats)
+    return run
 
 
-def engine_setting(folder, prompts, dtype, sample, repeats, fused=True):
+def engine_setting(folder, prompts, dtype, sample, fused=True):
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     engine = TorchEngine(model, pad_token_id=0, fused=fused)
     params = SamplingParams(temperature=1.0 if sample else 0.0, max_new_tokens=NEW)
@@ -66,7 +72,7 @@ def engine_setting(folder, prompts, dtype, sample, repeats, fused=True):
         out = engine.generate_sync(reqs)
         assert all(len(c[0].token_ids) == NEW for c in out)
 
-    return timed(run, repeats)
+    return run
 
 
 def main():
@@ -87,7 +93,7 @@ def main():
     results = {}
     for sample in (False, True):
         mode = "sampled" if sample else "greedy"
-        rows = {}
+        settings = {}
         for dtype in (torch.float32, torch.bfloat16):
             d = str(dtype).split(".")[1]
             combos = [("sdpa", "dynamic")]
@@ -96,14 +102,14 @@ def main():
             if args.all:
                 combos += [("eager", "static")]
             for attn, cache in combos:
-                s = hf_setting(folder, prompts, tok, dtype, attn, cache, sample, args.repeats)
-                rows[f"hf_generate {d} {attn} {cache}"] = tokens / s
-                print(f"  {mode} hf_generate {d} {attn} {cache}: {tokens / s:.1f} tok/s", flush=True)
-            rows[f"traingym {d}"] = tokens / engine_setting(folder, prompts, dtype, sample, args.repeats)
-            print(f"  {mode} traingym {d}: {rows[f'traingym {d}']:.1f} tok/s", flush=True)
+                settings[f"hf_generate {d} {attn} {cache}"] = hf_setting(
+                    folder, prompts, tok, dtype, attn, cache, sample)
+            settings[f"traingym {d}"] = engine_setting(folder, prompts, dtype, sample)
             if dtype == torch.bfloat16:
-                rows[f"traingym {d} (hf forward)"] = tokens / engine_setting(
-                    folder, prompts, dtype, sample, args.repeats, fused=False)
+                settings[f"traingym {d} (hf forward)"] = engine_setting(
+                    folder, prompts, dtype, sample, fused=False)
+        rows = {name: tokens / s for name, s in interleaved(settings, args.repeats).items()}
+        del settings
         best_hf = max((v, k) for k, v in rows.items() if k.startswith("hf_"))
         best_tg = max((v, k) for k, v in rows.items() if k.startswith("traingym") and "hf forward" not in k)
         results[mode] = {"tokens_per_s": rows, "best_hf": best_hf[1], "best_traingym": best_tg[1],
