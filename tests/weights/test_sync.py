@@ -135,8 +135,10 @@ def test_auto_prefers_delta_on_a_slow_link_and_full_on_a_fast_one(states):
     pub.publish(states[1], 1)
     pub._link_s_per_byte = 1e-6  # 1 MB/s
     assert pub.publish(states[2], 2).reason == "delta"
-    pub._link_s_per_byte, pub._delta_s = 1e-15, 1.0  # free link, slow encoder
-    assert pub.publish(states[3], 3).reason == "auto:full-faster"
+    pub._link_s_per_byte, pub._delta_s, pub._full_s = 1e-15, 1.0, 2.0  # full copies slower
+    assert pub.publish(states[3], 3).reason == "delta"
+    pub._link_s_per_byte, pub._delta_s, pub._full_s = 1e-15, 1.0, 0.1  # free link, slow encoder
+    assert pub.publish(states[4], 4).reason == "auto:full-faster"
 
 
 def test_dead_sender_raises_on_receive():

@@ -92,6 +92,7 @@ class Publisher:
         self._since_anchor = 0
         self._link_s_per_byte: float | None = None
         self._delta_s: float | None = None  # encode time of the last delta
+        self._full_s: float | None = None  # encode time of the last full update
 
     def _structure_changed(self, state: State) -> bool:
         s = self._shadow
@@ -125,6 +126,8 @@ class Publisher:
             base_version=None if anchor else self.version, base_hash=None if anchor else self.hash)
         payload = seal(Payload(header, payload.buffers))
         encode_s = time.perf_counter() - t0
+        if anchor:
+            self._full_s = encode_s
         t1 = time.perf_counter()
         self.sender.send(payload)
         send_s = time.perf_counter() - t1
@@ -150,8 +153,10 @@ class Publisher:
         if self._link_s_per_byte is None or self._delta_s is None:
             return False
         delta_guess = 0.02 * full_bytes  # a pessimistic delta size; the link term is small
-        t_delta = 2 * self._delta_s + delta_guess * self._link_s_per_byte  # encode + decode
-        t_full = full_bytes * self._link_s_per_byte
+        # Each side's work counted twice (the receiver's decode, or copy, mirrors the sender's
+        # encode; both include a state hash), plus the link.
+        t_delta = 2 * self._delta_s + delta_guess * self._link_s_per_byte
+        t_full = 2 * (self._full_s or 0.0) + full_bytes * self._link_s_per_byte
         return t_full < t_delta
 
 
