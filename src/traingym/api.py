@@ -53,30 +53,32 @@ def train(config: Config | dict | str | Path | None = None, *, dataset=None, eva
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     run, start = build_run(cfg, run_dir, resume, dataset, eval_dataset, reward, progress, env,
                            group_reward)
-    show = run.progress.message
-    has_eval = bool(run.inputs.eval_rows) and cfg.eval.num_prompts > 0
-    before = _load_scores(run_dir / "eval_before.json")
-    if has_eval and cfg.eval.before and before is None:
-        before = run.evaluate()
-        _save_scores(run_dir / "eval_before.json", before)
-    if before:
-        show(_format("before", before))
-    if cfg.mode == "async":
-        from traingym.async_loop import async_train_loop
+    try:
+        show = run.progress.message
+        has_eval = bool(run.inputs.eval_rows) and cfg.eval.num_prompts > 0
+        before = _load_scores(run_dir / "eval_before.json")
+        if has_eval and cfg.eval.before and before is None:
+            before = run.evaluate()
+            _save_scores(run_dir / "eval_before.json", before)
+        if before:
+            show(_format("before", before))
+        if cfg.mode == "async":
+            from traingym.async_loop import async_train_loop
 
-        metrics = async_train_loop(run, start)
-    else:
-        metrics = train_loop(run, start)
-    if not metrics:
-        metrics = (json.loads((run_dir / "events.jsonl").read_text().splitlines()[-1])
-                   if (run_dir / "events.jsonl").exists() else {})
-    after = None
-    if has_eval and cfg.eval.after:
-        after = run.evaluate()
-        _save_scores(run_dir / "eval_after.json", after)
-        show(_format("after", after))
-    run.progress.close()
-    run.close()
+            metrics = async_train_loop(run, start)
+        else:
+            metrics = train_loop(run, start)
+        if not metrics:
+            metrics = (json.loads((run_dir / "events.jsonl").read_text().splitlines()[-1])
+                       if (run_dir / "events.jsonl").exists() else {})
+        after = None
+        if has_eval and cfg.eval.after:
+            after = run.evaluate()
+            _save_scores(run_dir / "eval_after.json", after)
+            show(_format("after", after))
+    finally:  # the engine side, transports and sandbox pools are released on errors too
+        run.progress.close()
+        run.close()
     report = eval_report(before, after, cfg.eval.metric) if has_eval else {}
     if report.get("delta"):
         d = report["delta"]

@@ -34,6 +34,9 @@ from traingym.envs.transcript import ContextError, Transcript
 from traingym.types import Completion, GenerationRequest, Group, SamplingParams, StepResult
 
 
+CLOSE_TIMEOUT_S = 60.0  # closing env resources (a sandbox pool) must not hang a finished run
+
+
 def stream_seed(*parts: int) -> int:
     """A 63-bit seed from integers (stable across processes and Python versions)."""
     h = 1469598103934665603
@@ -69,6 +72,7 @@ class RolloutRunner:
         self.tokenizer, self.limits, self.group_reward = tokenizer, limits, group_reward
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._current = None  # the running collect's future
 
     def collect(self, examples: list[tuple[int, dict[str, Any]]], seed: int) -> list[Group]:
         """Run one collection on the runner's event loop, which lives in a background thread
@@ -81,7 +85,8 @@ class RolloutRunner:
             self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                             name="traingym-rollouts")
             self._thread.start()
-        return asyncio.run_coroutine_threadsafe(self._collect(examples, seed), self._loop).result()
+        self._current = asyncio.run_coroutine_threadsafe(self._collect(examples, seed), self._loop)
+        return self._current.result()
 
     async def collect_async(self, examples: list[tuple[int, dict[str, Any]]],
                             seed: int) -> list[Group]:
@@ -92,8 +97,10 @@ class RolloutRunner:
         if self._loop is None:
             return
         loop, self._loop = self._loop, None
-        asyncio.run_coroutine_threadsafe(close_loop_resources(), loop).result()
-        asyncio.run_coroutine_threadsafe(loop.shutdown_asyncgens(), loop).result()
+        if self._current is not None and not self._current.done():
+            self._current.cancel()  # a collect interrupted by an error or Ctrl-C in the caller
+        for coro in (close_loop_resources(), loop.shutdown_asyncgens()):
+            asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=CLOSE_TIMEOUT_S)
         loop.call_soon_threadsafe(loop.stop)
         self._thread.join()
         loop.close()
