@@ -77,12 +77,19 @@ def _descendants_of(root: int) -> list[int]:
 
 @pytest.fixture(autouse=True)
 def _no_leftovers():
-    """No process this test started survives it (fork bombs, daemons, agents)."""
+    """No process this test started survives it (fork bombs, daemons, agents). Processes
+    that were there before it (e.g. multiprocessing's resource tracker, started by earlier
+    tests in the same pytest process) are not its doing."""
+    before = set(_descendants_of(os.getpid()))
     yield
-    leftovers = _descendants_of(os.getpid())
+
+    def new() -> list[int]:
+        return [p for p in _descendants_of(os.getpid()) if p not in before]
+
+    leftovers = new()
     for _ in range(50):  # a killed namespace takes a moment to disappear
         if not leftovers:
             break
         time.sleep(0.02)
-        leftovers = _descendants_of(os.getpid())
+        leftovers = new()
     assert not leftovers, f"processes left behind: {leftovers}"
