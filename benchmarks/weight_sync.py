@@ -10,13 +10,14 @@ Sections:
               + raw values, XOR + zstd, traingym delta; the zeroth-order entropy floor.
   throughput  encode and decode+apply in GB/s of model bytes, one thread, next to memcpy.
   tcp         1 GB bf16 state (the 135M state tiled 4x, with a real step's delta) over TCP:
-              through a veth pair into a network namespace with `tc tbf rate 1gbit`, and over
-              unlimited loopback; full against delta, receiver-verified; what "auto" picks.
+              through a 1 Gbit/s link, and over unlimited loopback; full against delta,
+              receiver-verified; what "auto" picks. The link (--link): a veth pair into a
+              network namespace with `tc tbf rate 1gbit` (needs root and `ip netns`), or a
+              rate-limited loopback relay (token bucket, this process) where namespaces are
+              unavailable; `auto` (default) tries the namespace first.
 Entropy floor: per tensor, N*H(n/N) bits for which elements changed plus n times the
 empirical entropy of the key differences: the best a coder that treats positions as
 independent and values as i.i.d. per tensor can do (structure-aware coders can go below).
-Needs root for the namespace section; without `ip netns` it stops with an error (the
-rate-limited-socket fallback is not implemented).
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -164,6 +167,69 @@ def netns_down() -> None:
     subprocess.run(["ip", "netns", "del", NS], **quiet)
 
 
+class RateLimitedRelay:
+    """A loopback TCP relay that forwards the sender -> receiver direction at `rate` bytes/s
+    (token bucket, 1 MB burst) and the other direction unlimited: the link for machines where
+    network namespaces (`ip netns`, root) are unavailable. Receivers connect to `port`."""
+
+    def __init__(self, target_port: int, rate: float, burst: int = 1 << 20):
+        self.target_port, self.rate, self.burst = target_port, rate, burst
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            threading.Thread(target=self._pump, args=(upstream, client, self.rate),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, upstream, None),
+                             daemon=True).start()
+
+    def _pump(self, src, dst, rate) -> None:
+        tokens, last = float(self.burst), time.monotonic()
+        buf = bytearray(256 << 10)
+        while True:
+            try:
+                n = src.recv_into(buf)
+            except OSError:
+                n = 0
+            if n == 0:
+                for s in (src, dst):
+                    s.close()
+                return
+            if rate is not None:
+                now = time.monotonic()
+                tokens = min(self.burst, tokens + (now - last) * rate)
+                last = now
+                if tokens < n:
+                    time.sleep((n - tokens) / rate)
+                    tokens, last = n, time.monotonic()
+                tokens -= n
+            try:
+                dst.sendall(memoryview(buf)[:n])
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def netns_available() -> bool:
+    netns_down()
+    try:
+        netns_up("1gbit")
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return False
+    finally:
+        netns_down()
+    return True
+
+
 def tiled(state, copies: int):
     return {f"{i}.{k}": v.clone() for i in range(copies) for k, v in state.items()}
 
@@ -180,12 +246,15 @@ def receiver_main(host: str, port: int, versions: int) -> None:
                           "hash": sub.hash}), flush=True)
 
 
-def run_link(old, new, host_bind: str, connect_to: str, netns: bool) -> dict:
+def run_link(old, new, host_bind: str, connect_to: str, netns: bool,
+             relay_rate: float | None = None) -> dict:
     from traingym.weights.sync import Publisher, PublisherConfig
     from traingym.weights.tcp import TcpConfig, TcpSender
 
     sender = TcpSender(TcpConfig(host=host_bind, send_timeout_s=300))
-    cmd = [sys.executable, __file__, "--receive", f"{connect_to}:{sender.port}:4"]
+    relay = RateLimitedRelay(sender.port, relay_rate) if relay_rate else None
+    port = relay.port if relay else sender.port
+    cmd = [sys.executable, __file__, "--receive", f"{connect_to}:{port}:4"]
     if netns:
         cmd = ["ip", "netns", "exec", NS, *cmd]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
@@ -210,23 +279,33 @@ def run_link(old, new, host_bind: str, connect_to: str, netns: bool) -> dict:
               f"send {stats.send_s:.3f}s), hash verified", flush=True)
     proc.wait(60)
     sender.close()
+    if relay:
+        relay.close()
     full_s = (results["v0_full"]["seconds"] + results["v2_full"]["seconds"]) / 2
     results["full_over_delta"] = full_s / results["v1_delta"]["seconds"]
     return results
 
 
-def section_tcp(old, new, copies: int) -> dict:
+def section_tcp(old, new, copies: int, link: str) -> dict:
     big_old, big_new = tiled(old, copies), tiled(new, copies)
     gb = sum(t.numel() * 2 for t in big_old.values()) / 1e9
     print(f"  state {gb:.2f} GB", flush=True)
     out = {"state_GB": gb}
-    netns_down()
-    try:
-        netns_up("1gbit")
-        print("  1 Gbit/s veth + tbf:", flush=True)
-        out["limited_1gbit"] = run_link(big_old, big_new, HOST_IP, HOST_IP, netns=True)
-    finally:
+    if link == "auto":
+        link = "netns" if netns_available() else "relay"
+    out["link"] = link
+    if link == "netns":
         netns_down()
+        try:
+            netns_up("1gbit")
+            print("  1 Gbit/s veth + tbf:", flush=True)
+            out["limited_1gbit"] = run_link(big_old, big_new, HOST_IP, HOST_IP, netns=True)
+        finally:
+            netns_down()
+    else:
+        print("  1 Gbit/s rate-limited loopback relay (no network namespaces):", flush=True)
+        out["limited_1gbit"] = run_link(big_old, big_new, "127.0.0.1", "127.0.0.1",
+                                        netns=False, relay_rate=1e9 / 8)
     print("  unlimited loopback:", flush=True)
     out["loopback"] = run_link(big_old, big_new, "127.0.0.1", "127.0.0.1", netns=False)
     return out
@@ -238,6 +317,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--copies", type=int, default=4)
+    ap.add_argument("--link", choices=("auto", "netns", "relay"), default="auto",
+                    help="1 Gbit/s link: veth + tc in a network namespace (needs root), a "
+                         "rate-limited loopback relay, or netns where it works")
     ap.add_argument("--out", default="/tmp/weight_sync_results.json")
     ap.add_argument("--receive", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -263,7 +345,7 @@ def main() -> None:
         res["throughput"] = section_throughput(old, new)
     if "tcp" in sections:
         print(f"tcp end to end on step {mid}", flush=True)
-        res["tcp"] = section_tcp(old, new, args.copies)
+        res["tcp"] = section_tcp(old, new, args.copies, args.link)
     Path(args.out).write_text(json.dumps(res, indent=1))
     print(f"wrote {args.out}")
 
