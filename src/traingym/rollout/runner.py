@@ -28,11 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from traingym.envs.base import EnvFactory
-from traingym.envs.resources import close_loop_resources
 from traingym.envs.group import GroupReward, score_group
+from traingym.envs.resources import close_loop_resources
 from traingym.envs.transcript import ContextError, Transcript
 from traingym.types import Completion, GenerationRequest, Group, SamplingParams, StepResult
-
 
 CLOSE_TIMEOUT_S = 60.0  # closing env resources (a sandbox pool) must not hang a finished run
 
