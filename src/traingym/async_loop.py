@@ -33,7 +33,8 @@ for rollouts here; it gets the final weights through the run's colocated sync at
 
 Not covered: resuming an async run (refused), in-flight updates between decode steps,
 reproducibility (what arrives when depends on timing, so async runs are not bitwise
-repeatable), Ray (the cluster seam is LocalEngines).
+repeatable). `cluster.type='ray'` puts the engines on a Ray cluster (cluster/ray.py); the
+trainer stays in this process.
 """
 
 from __future__ import annotations
@@ -127,7 +128,12 @@ def async_train_loop(run, start_step: int) -> dict:
     per_step = cfg.rollout.prompts_per_step
     feed = Feed(run.data, cfg.seed, per_step, a.max_staleness,
                 a.queue_size or (a.max_staleness + 1) * per_step, a.recycle)
-    engines = LocalEngines(run, start_step)
+    if cfg.cluster.type == "ray":
+        from traingym.cluster.ray import RayEngines  # late: local mode never imports ray
+
+        engines = RayEngines(run, start_step)
+    else:
+        engines = LocalEngines(run, start_step)
     metrics: dict = {}
     try:
         for step in range(start_step, cfg.steps):

@@ -150,6 +150,32 @@ class AsyncConfig(_Strict):
                           "run fails")
 
 
+class ClusterConfig(_Strict):
+    """Where the engines run (cluster/): local processes, or actors on a Ray cluster
+    (cluster/ray.py; needs the `ray` extra and mode='async')."""
+
+    type: Literal["local", "ray"] = Field("local", description="local: engine processes on "
+                                          "this machine; ray: engine actors on a Ray cluster")
+    address: str | None = Field(None, description="ray: the cluster to join (host:port of its "
+                                "head, or 'auto'); required with type='ray'")
+    engine_resources: dict[str, float] = Field(
+        default_factory=dict, description="ray: extra resources each engine's placement-group "
+        "bundle asks for, beside one CPU (a custom node resource pins engines to those nodes)")
+    py_modules: list[str] = Field(default_factory=list, description="ray: local package "
+                                  "folders shipped to every engine (runtime_env py_modules): "
+                                  "the user's reward and env code not installed on the nodes")
+
+    @model_validator(mode="after")
+    def _ray_only(self) -> ClusterConfig:
+        if self.type == "ray" and not self.address:
+            raise ValueError("cluster.type='ray' needs cluster.address (the head's host:port, "
+                             "or 'auto')")
+        if self.type == "local" and (self.address or self.engine_resources or self.py_modules):
+            raise ValueError("cluster.address, engine_resources and py_modules apply only "
+                             "with cluster.type='ray'")
+        return self
+
+
 class Config(_Strict):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_by_name=True,
                               validate_by_alias=True, serialize_by_alias=True)
@@ -168,6 +194,7 @@ class Config(_Strict):
                                            "in one process; async: engines in other processes "
                                            "keep generating while the trainer trains")
     async_: AsyncConfig = Field(AsyncConfig(), alias="async")
+    cluster: ClusterConfig = ClusterConfig()
 
     @model_validator(mode="after")
     def _async_needs(self) -> Config:
@@ -177,6 +204,12 @@ class Config(_Strict):
             raise ValueError(f"mode='async' runs engines in other processes: weights.transport "
                              f"must be 'tcp', 'shm' or 'filesystem', not "
                              f"{self.weights.transport!r}")
+        if self.cluster.type == "ray" and self.mode != "async":
+            raise ValueError("cluster.type='ray' places engines apart from the trainer: it "
+                             "needs mode='async'")
+        if self.cluster.type == "ray" and self.weights.transport != "tcp":
+            raise ValueError("cluster.type='ray' sends weights to other nodes: weights.transport"
+                             f" must be 'tcp', not {self.weights.transport!r}")
         return self
 
 

@@ -16,8 +16,8 @@ a result only from that incarnation, so a job is never trained on twice:
 - at the end, `verify_final` checks that every engine's model holds the last published
   weights, hash for hash.
 
-The seam for Ray (a later cluster/ray.py): the same calls, dispatch(job) / next() /
-publish(state, version) / close(), over actors instead of processes.
+The seam for Ray (cluster/ray.py): a subclass that overrides `_spawn` (an actor behind the
+Process/Queue interface) and `tcp_host`; the ledger, restarts and checks here are shared.
 Not covered: engines on other machines, a trainer that dies (engines exit when it is gone).
 """
 
@@ -73,11 +73,11 @@ class _Handle:
     stopping: bool = False
 
 
-def _transport(weights_cfg, run_dir: Path):
+def _transport(weights_cfg, run_dir: Path, host: str = "127.0.0.1"):
     """The transport config for engines in other processes, and the sender over it."""
     t, tag = weights_cfg.transport, f"engines-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     if t == "tcp":
-        tc = TcpConfig(port=0, send_timeout_s=weights_cfg.timeout_s,
+        tc = TcpConfig(host=host, port=0, send_timeout_s=weights_cfg.timeout_s,
                        dead_after_s=weights_cfg.dead_after_s)
     elif t == "shm":
         tc = ShmConfig(name=tag, dead_after_s=weights_cfg.dead_after_s)
@@ -93,11 +93,14 @@ def _transport(weights_cfg, run_dir: Path):
 
 
 class LocalEngines:
+    tcp_host = "127.0.0.1"  # where the trainer's weight sender listens (cluster/ray.py: the
+    # node's address)
+
     def __init__(self, run, start_version: int):
         cfg = run.cfg
         self.acfg, self.run_dir = cfg.async_, run.run_dir
         self.dtype = torch.bfloat16 if cfg.model.engine_dtype == "bfloat16" else torch.float32
-        self.transport, self.sender = _transport(cfg.weights, run.run_dir)
+        self.transport, self.sender = _transport(cfg.weights, run.run_dir, self.tcp_host)
         self.publisher = Publisher(self.sender, PublisherConfig(cfg.weights.codec,
                                                                 cfg.weights.anchor_budget))
         self.publish(run.trainer.export(), start_version)  # an anchor before any engine joins
@@ -125,12 +128,18 @@ class LocalEngines:
             raise
 
     # ---- processes ----------------------------------------------------------------------
-    def _start(self, eid: int, incarnation: int) -> _Handle:
-        spec = dataclasses.replace(self.spec, start_version=self.publisher.version)
+    def _spawn(self, eid: int, spec: EngineSpec):
+        """Start one engine; return (proc, requests, results) with multiprocessing's Process
+        and Queue interfaces. The seam cluster/ray.py overrides (actors instead)."""
         requests, results = self.ctx.Queue(), self.ctx.Queue()
         proc = self.ctx.Process(target=engine_main, args=(spec, requests, results),
                                 name=f"traingym-engine-{eid}", daemon=True)
         proc.start()
+        return proc, requests, results
+
+    def _start(self, eid: int, incarnation: int) -> _Handle:
+        spec = dataclasses.replace(self.spec, start_version=self.publisher.version)
+        proc, requests, results = self._spawn(eid, spec)
         h = _Handle(eid, incarnation, proc, requests, results)
         h.pump = threading.Thread(target=self._pump, args=(h,), daemon=True)
         h.pump.start()
