@@ -30,7 +30,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from traingym.cluster.engine_process import EngineSpec, engine_main
-from traingym.cluster.local import LocalEngines
+from traingym.cluster.local import EngineError, LocalEngines
 
 
 class _ThreadQueue(queue.Queue):
@@ -82,7 +82,10 @@ class _ActorEngine:
 
     def __init__(self, actor, timeout_s: float):
         self.actor, self.buffer, self.exitcode = actor, deque(), None
-        where = ray.get(actor.where.remote(), timeout=timeout_s)
+        try:
+            where = ray.get(actor.where.remote(), timeout=timeout_s)
+        except ray.exceptions.RayActorError as e:  # e.g. the node cannot unpickle the reward
+            raise EngineError(f"a rollout engine actor failed to start: {e}") from e
         self.pid, self.node = where["pid"], where["node"]
 
     def put(self, msg) -> None:
