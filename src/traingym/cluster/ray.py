@@ -12,6 +12,8 @@ check are LocalEngines' own. The user's reward and env travel pickled (by refere
 must import them, from an installed package or from `cluster.py_modules`, shipped with Ray's
 runtime_env). The final-weights reports name the node of each engine and of the trainer.
 
+A restart (async.restarts) kills the old actor, whose bundle the new one takes.
+
 Not covered: the trainer as an actor or data-parallel trainer actors (the trainer is the
 driver), weight transports other than tcp, engines on GPUs (bundles ask for CPU only), a
 driver that cannot reach the engines' nodes directly (tcp connects to the driver's node IP).
@@ -145,6 +147,8 @@ class RayEngines(LocalEngines):
             raise
 
     def _spawn(self, eid: int, spec: EngineSpec):
+        if eid < len(self.handles):  # a restart: the predecessor's actor frees its bundle
+            self.handles[eid].proc.kill()
         strategy = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=eid)
         custom = {k: v for k, v in self.bundle.items() if k != "CPU"}
         actor = EngineActor.options(num_cpus=1, resources=custom,
