@@ -109,7 +109,7 @@ async def measure(n: int) -> dict:
         out[name]["exec_per_s_2_workers"] = await throughput(fn, k)
         print(f"  {name:5s} {out[name]['exec_per_s_2_workers']:6.1f} executions/s at 2 workers",
               flush=True)
-    out["pool_stats"] = {k: v for k, v in pool.stats().items()}
+    out["pool_stats"] = pool.stats()
     await pool.close()
     sb = await open_sandbox("bwrap", LIMITS)  # reset: how a pooled sandbox is made ready again
     resets = []

@@ -83,7 +83,8 @@ class AgentSandbox:
         return self
 
     def rlimits_for(self, limits: Limits) -> dict:
-        raise NotImplementedError
+        """Required of every backend: the rlimits the agent sets in each execution's child."""
+        raise NotImplementedError(f"{type(self).__name__} must define rlimits_for(limits)")
 
     def before_exec(self, limits: Limits) -> None:
         """Hook: set limits that live outside the agent (cgroups)."""
