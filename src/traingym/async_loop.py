@@ -18,9 +18,8 @@ a time, a result is accepted only from the engine that holds it (cluster/local.p
 dropped one is either dispatched again or counted as skipped. Step records add
 `prompt_indices` (trained this step), `async_dropped_indices`, staleness and queue figures,
 and the trainer's idle time (`seconds_rollout`: the wait for groups; `trainer_idle_frac`).
-The last record lists `async_unfinished`: prompts still out or waiting to be redone. At the
-end every engine's weights are checked against the last published hash (the run's returned
-metrics hold `async_final_weights`).
+The last record lists `async_unfinished` (prompts still out or waiting to be redone) and
+`async_final_weights`: every engine's weights checked against the last published hash.
 
     traingym train --preset tiny --set mode=async --set weights.transport=tcp
 
@@ -31,9 +30,16 @@ group hook must be picklable (module-level).
 The in-process engine build_run makes (evaluation before and after training) is not used
 for rollouts here; it gets the final weights through the run's colocated sync at the end.
 
-Not covered: resuming an async run (refused), in-flight updates between decode steps,
-reproducibility (what arrives when depends on timing, so async runs are not bitwise
-repeatable). `cluster.type='ray'` puts the engines on a Ray cluster (cluster/ray.py); the
+Resume: a checkpoint of an async run also holds the ledger (`async_feed`): the prompts out
+at the engines or waiting to be redone when it was written, and the drop counts. A resumed run
+(`--resume`, after the trainer was killed, say) restores the trainer from the checkpoint,
+starts fresh engines on the checkpoint's weights, and dispatches those prompts first, then
+goes on with the stream where the checkpoint left it; steps trained after the checkpoint are
+lost with the process and redone. So over the run's recorded steps every prompt is trained on
+at most once and none is lost, as without the kill.
+
+Not covered: in-flight updates between decode steps, reproducibility (what arrives when
+depends on timing, so async runs, resumed or not, are not bitwise repeatable). `cluster.type='ray'` puts the engines on a Ray cluster (cluster/ray.py); the
 trainer stays in this process.
 """
 
@@ -59,12 +65,22 @@ class Feed:
     """The trainer's ledger of prompts: out at the engines, to redo, dropped, skipped."""
 
     def __init__(self, data, seed: int, per_step: int, max_staleness: int, window: int,
-                 recycle: bool):
+                 recycle: bool, saved: dict | None = None):
         self.data, self.seed, self.per_step = data, seed, per_step
         self.max_staleness, self.window, self.recycle = max_staleness, window, recycle
         self.out: dict[tuple[int, int], dict] = {}  # key -> row
         self.redo: deque[tuple[int, int, dict]] = deque()  # (index, attempt, row)
-        self.dispatched = self.dropped = self.skipped = 0
+        self.dispatched = self.dropped = 0  # since this process started: admission
+        self.dropped_total = self.skipped = 0
+        if saved:  # a resumed run: what was out when the checkpoint was written is redone
+            self.redo.extend((i, a, data.row(i)) for i, a in saved["redo"])
+            self.dropped_total, self.skipped = saved["dropped_total"], saved["skipped"]
+
+    def state(self) -> dict:
+        """What a checkpoint keeps (JSON); the stream's position is saved with the run's."""
+        redo = [[i, a] for i, a in self.out] + [[i, a] for i, a, _ in self.redo]
+        return {"redo": sorted(redo), "dropped_total": self.dropped_total,
+                "skipped": self.skipped}
 
     def jobs(self, steps_done: int) -> list[Job]:
         """New jobs the admission rule allows now."""
@@ -86,6 +102,7 @@ class Feed:
 
     def drop(self, key, row) -> None:
         self.dropped += 1
+        self.dropped_total += 1
         if self.recycle:
             self.redo.append((key[0], key[1] + 1, row))
         else:
@@ -121,13 +138,14 @@ def _take_fresh(engines: LocalEngines, feed: Feed, step: int, steps_done: int):
 
 def async_train_loop(run, start_step: int) -> dict:
     cfg, a = run.cfg, run.cfg.async_
-    if start_step:
-        raise ConfigError("mode='async' cannot resume a run yet (its checkpoints hold the "
-                          "weights and optimizer, not the prompts in flight); start a new run "
-                          "directory")
+    saved = run.resumed.get("async_feed")
+    if start_step and saved is None:
+        raise ConfigError(f"{run.run_dir}: its last checkpoint (step {start_step}) holds no "
+                          "async ledger (async_feed), so the prompts it had out are unknown; "
+                          "start a new run directory")
     per_step = cfg.rollout.prompts_per_step
     feed = Feed(run.data, cfg.seed, per_step, a.max_staleness,
-                a.queue_size or (a.max_staleness + 1) * per_step, a.recycle)
+                a.queue_size or (a.max_staleness + 1) * per_step, a.recycle, saved)
     if cfg.cluster.type == "ray":
         from traingym.cluster.ray import RayEngines  # late: local mode never imports ray
 
@@ -145,21 +163,22 @@ def async_train_loop(run, start_step: int) -> dict:
             t2 = time.monotonic()
             sync = engines.publish(run.trainer.export(), step + 1)
             t3 = time.monotonic()
-            saved = run.maybe_checkpoint(step)
+            saved = run.maybe_checkpoint(step, {"async_feed": feed.state()})
             t4 = time.monotonic()
             seconds = {"rollout": t1 - t0, "train": t2 - t1, "sync": t3 - t2,
                        "checkpoint": t4 - t3, "step": t4 - t0}
             metrics = run.step_metrics(step, groups, batch, train_metrics, seconds, saved)
             metrics = {k: v for k, v in metrics.items() if not k.startswith("sync_")}
             metrics.update(sync, **info, trainer_idle_frac=seconds["rollout"] / seconds["step"],
-                           async_dropped_total=feed.dropped, async_skipped_total=feed.skipped,
+                           async_dropped_total=feed.dropped_total,
+                           async_skipped_total=feed.skipped,
                            **{f"async_{k}": v for k, v in engines.stats.items()})
             if step + 1 == cfg.steps:
                 metrics["async_unfinished"] = feed.unfinished()
+                metrics["async_final_weights"] = engines.verify_final()
             run.log.event(metrics)
             run.log.samples(step, groups)
             run.progress.update(step, metrics)
-        metrics["async_final_weights"] = engines.verify_final()
     finally:
         engines.close()
     run.weights.publish(run.trainer.export(), version=cfg.steps)  # the in-process eval engine

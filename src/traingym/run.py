@@ -57,6 +57,13 @@ class DataStream:
             self.position += 1
         return out
 
+    def row(self, index: int) -> dict:
+        """The row `take` returned (or will return) at stream position `index`."""
+        epoch, offset = divmod(index, len(self.rows))
+        order = list(range(len(self.rows)))
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return self.rows[order[offset]]
+
 
 def import_reward(spec: str, key: str = "task.reward") -> Callable:
     if ":" not in spec:
@@ -150,17 +157,20 @@ class Run:
     progress: Progress
     eval_stop_ids: tuple[int, ...]  # evaluation always ends at end of turn
     t_start: float = field(default_factory=time.monotonic)
+    resumed: dict = field(default_factory=dict)  # the loop state of the checkpoint resumed
 
     def close(self) -> None:
         self.rollouts.close()
         self.weights.close()
 
-    def maybe_checkpoint(self, step: int) -> bool:
+    def maybe_checkpoint(self, step: int, loop_state: dict | None = None) -> bool:
+        """Save after `step` if due; `loop_state` (JSON) is kept with the data position."""
         every = self.cfg.checkpoint.every
         if step + 1 != self.cfg.steps and not (every and (step + 1) % every == 0):
             return False
         checkpoint.save(self.run_dir / "checkpoints", step + 1, self.trainer.model,
-                        self.trainer.optimizer, {"data_position": self.data.position},
+                        self.trainer.optimizer,
+                        {"data_position": self.data.position, **(loop_state or {})},
                         keep=self.cfg.checkpoint.keep)
         return True
 
@@ -218,7 +228,7 @@ def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_datas
     r = cfg.rollout
     params = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, stop_ids)
     log = RunLog(run_dir)
-    start_step, position = 0, 0
+    start_step, position, state = 0, 0, {}
     if resume:
         saved = checkpoint.committed(run_dir / "checkpoints")
         if saved:
@@ -232,7 +242,8 @@ def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_datas
                             limits=EpisodeLimits(r.max_turns, r.max_context_tokens),
                             group_reward=inputs.group_reward), weights,
               DataStream(inputs.train_rows, cfg.seed, position), log,
-              Progress(cfg.steps, start_step, enabled=progress), (tok.eos_token_id,))
+              Progress(cfg.steps, start_step, enabled=progress), (tok.eos_token_id,),
+              resumed=state)
     return run, start_step
 
 

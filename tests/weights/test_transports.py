@@ -3,6 +3,7 @@ corruption on the wire, and every kind of death raising within a bounded time.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -236,3 +237,76 @@ def test_shm_across_processes_and_sender_death():
         sub.poll(30.0)
     assert time.monotonic() - t0 < 1.0 and sub.valid and sub.version == 3
     ShmSender.unlink(type("S", (), {"root": sub.receiver.root})())
+
+
+def _reconnecting(cfg: TcpConfig) -> Subscriber:
+    return Subscriber(TcpReceiver(cfg), reconnect=lambda have: TcpReceiver(cfg, have_hash=have))
+
+
+def test_tcp_receiver_reconnects_to_a_restarted_sender():
+    states = synth_states(4)
+    first = TcpSender(TcpConfig())
+    cfg = TcpConfig(port=first.port, dead_after_s=1.0, connect_timeout_s=10.0)
+    sub = _reconnecting(cfg)
+    _wait_receivers(first, 1)
+    pub = Publisher(first, PublisherConfig(codec="delta"))
+    pub.publish(states[0], 0)
+    pub.publish(states[1], 1)
+    sub.wait_for(1, 10.0)
+    first.close()  # the trainer process restarts: a new sender, a new chain, the same port
+    second = TcpSender(TcpConfig(port=cfg.port))
+    pub = Publisher(second, PublisherConfig(codec="delta"))
+    pub.publish(states[2], 2)  # a new publisher's first update is an anchor
+    sub.wait_for(2, 10.0)
+    assert state_hash(sub.state) == state_hash(states[2])
+    assert sub.stats.reconnects >= 1
+    pub.publish(states[3], 3)  # and deltas flow on the new connection
+    sub.wait_for(3, 10.0)
+    assert state_hash(sub.state) == state_hash(states[3])
+    second.close()
+
+
+def test_tcp_sender_gone_for_good_raises_within_the_connect_timeout():
+    states = synth_states(2)
+    sender = TcpSender(TcpConfig())
+    sub = _reconnecting(TcpConfig(port=sender.port, dead_after_s=0.5, connect_timeout_s=1.0))
+    _wait_receivers(sender, 1)
+    Publisher(sender, PublisherConfig(codec="delta")).publish(states[0], 0)
+    sub.wait_for(0, 10.0)
+    sender.close()
+    t0 = time.monotonic()
+    with pytest.raises(PeerDead, match="could not reconnect"):
+        while True:
+            sub.poll(0.5)
+    assert time.monotonic() - t0 < 5.0
+    assert sub.valid and sub.version == 0 and state_hash(sub.state) == state_hash(states[0])
+
+
+def test_tcp_stalled_link_serves_the_last_version_then_catches_up():
+    from stall_relay import StallRelay
+
+    states = synth_states(6)
+    sender = TcpSender(TcpConfig(send_timeout_s=2.0))
+    relay = StallRelay(sender.port)
+    sub = _reconnecting(TcpConfig(port=relay.port, dead_after_s=1.0, connect_timeout_s=10.0))
+    _wait_receivers(sender, 1)
+    pub = Publisher(sender, PublisherConfig(codec="delta"))
+    pub.publish(states[0], 0)
+    sub.wait_for(0, 10.0)
+    relay.stall()
+    t0 = time.monotonic()
+    for v in range(1, 5):
+        pub.publish(states[v], v)  # never blocks past send_timeout_s
+    assert time.monotonic() - t0 < 4 * 2.0 + 1.0
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:  # the receiver notices the silence and reconnects
+        with contextlib.suppress(TransportTimeout):
+            sub.poll(0.2)
+    assert sub.stats.reconnects >= 1
+    assert sub.valid and sub.version == 0 and state_hash(sub.state) == state_hash(states[0])
+    relay.flow()
+    pub.publish(states[5], 5)
+    sub.wait_for(5, 20.0)
+    assert state_hash(sub.state) == state_hash(states[5])
+    sender.close()
+    relay.close()

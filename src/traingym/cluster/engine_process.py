@@ -5,7 +5,9 @@ Runs under multiprocessing `spawn` (cluster/local.py starts it). What it does, i
 1. one torch thread; model and tokenizer built from `cfg.model` exactly as the trainer builds
    them, the tokenizer's fingerprint reported so the trainer can check that ids mean the same;
 2. a Subscriber over the run's transport (tcp, shm or filesystem); the engine serves nothing
-   until it holds a verified version >= the one it was started for;
+   until it holds a verified version >= the one it was started for. Over tcp a lost or stalled
+   link is connected again (weights/sync.py); meanwhile the engine serves its last verified
+   version, and the staleness bound decides whether what it makes is trained on;
 3. a serve loop: take jobs (one prompt each) from its request queue, run each as its own
    asyncio task (G envs, all of the episode's turns), and batch the generation requests of all
    live tasks into one engine call; slow environment steps overlap with generation and with
@@ -107,7 +109,10 @@ class EngineProcess:
         self.engine = TorchEngine(model, tok.pad_token_id, r.max_batch_rows, dtype)
         self.dtype = dtype
         self.engine.version = -1  # the built weights are never served
-        self.subscriber = Subscriber(RECEIVERS[spec.transport.type](spec.transport))
+        make, transport = RECEIVERS[spec.transport.type], spec.transport
+        reconnect = ((lambda have: make(transport, have_hash=have)) if transport.type == "tcp"
+                     else None)  # a lost tcp link is connected again, saying what it holds
+        self.subscriber = Subscriber(make(transport), reconnect=reconnect)
         self.timeout_s = cfg.weights.timeout_s
         verified = self.subscriber.wait_for(spec.start_version, self.timeout_s)
         self.engine.update_weights(verified, self.subscriber.version)
@@ -148,8 +153,8 @@ class EngineProcess:
         if self.engine.version != self.subscriber.version:
             self.engine.update_weights(self.subscriber.state, self.subscriber.version)
         own = wire_state(self.engine.model.state_dict(), self.dtype)
-        self.results.put(("report", {"version": self.engine.version,
-                                     "hash": state_hash(own)}))
+        self.results.put(("report", {"version": self.engine.version, "hash": state_hash(own),
+                                     "reconnects": self.subscriber.stats.reconnects}))
 
     async def run_job(self, job: Job) -> None:
         groups = await self.runner.collect_async([(job.key[0], job.row)], job.seed)

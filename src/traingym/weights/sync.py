@@ -12,6 +12,14 @@ base hash is not its own, re-hashes its state before applying (`verify_base`), h
 result, and marks itself servable only when that matches the target hash. On any failure it
 asks the transport to resync (the deltas after its hash, or the last anchor and what
 followed) and keeps refusing until a consistent update arrives.
+
+A subscriber made with `reconnect` (a function of the hash it holds that returns a new
+receiver) survives a lost connection: when the receiver raises PeerDead (the sender was
+silent for its dead_after_s, closed the connection, or dropped this receiver as too slow) it
+closes it and connects again, saying what it holds, so a sender that is still there, or one
+restarted at the same address, answers with the deltas after that hash or an anchor. Until
+then it keeps serving its last verified version. Where connecting fails (the sender is gone
+for good) the error is raised as PeerDead, within the receiver's connect timeout.
 Not covered: applying while the engine generates (call `poll` between generations).
 """
 
@@ -21,11 +29,12 @@ import dataclasses
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from traingym.weights.base import (BaseMismatch, IntegrityError, Payload, Receiver, Sender,
-                                   State, TransportTimeout)
+from traingym.weights.base import (BaseMismatch, IntegrityError, Payload, PeerDead, Receiver,
+                                   Sender, State, TransportTimeout)
 from traingym.weights.codecs import DeltaCodec, FullCodec, apply
 from traingym.weights.frame import seal, verify_body
 from traingym.weights.hashing import state_hash
@@ -176,6 +185,7 @@ class SubscriberStats:
     refused: int = 0
     skipped: int = 0
     resyncs: int = 0
+    reconnects: int = 0
 
 
 class NotServable(RuntimeError):
@@ -186,8 +196,9 @@ class Subscriber:
     """Applies updates into `state` (the engine's tensors, in place where shapes match)."""
 
     def __init__(self, receiver: Receiver, cfg: SubscriberConfig = SubscriberConfig(),
-                 state: State | None = None) -> None:
-        self.receiver, self.cfg = receiver, cfg
+                 state: State | None = None,
+                 reconnect: Callable[[str | None], Receiver] | None = None) -> None:
+        self.receiver, self.cfg, self.reconnect = receiver, cfg, reconnect
         self._state = state
         self.valid = False
         self.version: int | None = None
@@ -209,11 +220,28 @@ class Subscriber:
             self._asked_at = now
             self.stats.resyncs += 1
 
+    def _reconnect(self, lost: PeerDead) -> None:
+        try:
+            self.receiver.close()
+        except OSError:
+            pass
+        try:
+            self.receiver = self.reconnect(self.hash if self.valid else None)
+        except OSError as err:
+            raise PeerDead(f"lost the sender ({lost}) and could not reconnect: {err}") from err
+        self._asked_at = None
+        self.stats.reconnects += 1
+
     def poll(self, timeout: float) -> bool:
         """Receive one update and apply it if it fits. True when the version advanced."""
         try:
             p = self.receiver.receive(timeout)
             verify_body(p)
+        except PeerDead as lost:
+            if self.reconnect is None:
+                raise
+            self._reconnect(lost)
+            return False
         except IntegrityError:
             self.stats.corrupt += 1
             self._ask()

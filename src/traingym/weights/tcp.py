@@ -8,8 +8,9 @@ on. A receiver says HELLO on connect and RESYNC when it needs to, each with the 
 holds; the sender answers with the chain after that hash, or from the last anchor. Idle
 senders send heartbeats; a receiver that hears nothing for `dead_after_s`, or sees the
 connection close (also mid-frame), raises PeerDead; a partial frame is discarded.
-Not covered: reconnecting after the sender restarts (make a new receiver), TLS or auth
-(bind to loopback or a private network).
+A receiver that lost its sender may connect again with the hash it holds (a Subscriber made
+with `reconnect` does, weights/sync.py); a sender restarted on the same port answers with an
+anchor, as its chain is new. Not covered: TLS or auth (bind to loopback or a private network).
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ class TcpSender:
             peer.push([], done)
             done.wait(1.0)
             self._drop(peer)
-        self.server.close()
+        _shutdown(self.server)  # wakes the accept thread, so the port is free at once
 
 
 @register_transport("tcp", "receiver")
