@@ -18,7 +18,9 @@ a result only from that incarnation, so a job is never trained on twice:
 
 The seam for Ray (cluster/ray.py): a subclass that overrides `_spawn` (an actor behind the
 Process/Queue interface) and `tcp_host`; the ledger, restarts and checks here are shared.
-Not covered: engines on other machines, a trainer that dies (engines exit when it is gone).
+A trainer that dies takes no engine with it: each exits once its parent is gone, and
+`--resume` continues the run from its last checkpoint (async_loop.py).
+Not covered: engines on other machines (cluster/ray.py places them).
 """
 
 from __future__ import annotations
