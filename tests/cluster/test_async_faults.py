@@ -43,7 +43,7 @@ def _wait_for_steps(run_dir: Path, n: int, timeout: float, proc=None) -> None:
     while not (path.exists() and len(path.read_text().splitlines()) >= n):
         assert time.monotonic() < deadline, f"fewer than {n} steps within {timeout}s"
         assert proc is None or proc.poll() is None, f"the run ended early: {proc.returncode}"
-        time.sleep(0.1)
+        time.sleep(0.02)
 
 
 def test_stalled_weight_link_recovers(tmp_path, monkeypatch):
@@ -104,15 +104,17 @@ def _alive(pid: int) -> bool:
 def test_killed_trainer_resumes_from_its_last_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "traingym.cli", "train", "--preset", "tiny", "--quiet",
-            "--run-dir", str(run_dir), "--set", "steps=8", "--set", "mode=async",
+            "--run-dir", str(run_dir), "--set", "steps=9", "--set", "mode=async",
             "--set", "threads=1", "--set", "weights.transport=tcp",
-            "--set", "checkpoint.every=2", "--set", "eval.before=false",
+            "--set", "checkpoint.every=3", "--set", "eval.before=false",
             "--set", "eval.after=false", "--set", "async.engine_timeout_s=60"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     trainer = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    _wait_for_steps(run_dir, 5, 180.0, trainer)  # checkpoint 4 is committed before step 5
+    _wait_for_steps(run_dir, 1, 180.0, trainer)  # the engines are up before step 1
     engines = _children(trainer.pid)
     assert engines, "no engine process found"
+    # checkpoint 3 is committed before step 3's record; killed two steps before checkpoint 6
+    _wait_for_steps(run_dir, 4, 180.0, trainer)
     trainer.send_signal(signal.SIGKILL)
     trainer.wait(timeout=10)
     killed_at = len(read_events(run_dir))
@@ -130,7 +132,7 @@ def test_killed_trainer_resumes_from_its_last_checkpoint(tmp_path):
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     events = read_events(run_dir)
     assert killed_at > last, "no step was lost with the kill: the test would be vacuous"
-    _ledger(events, 1, 8)
+    _ledger(events, 1, 9)
     redone = {i for i, _ in state["async_feed"]["redo"]}
     after = {i for e in events[last:] for i in e["prompt_indices"]}
     assert redone & after, "the prompts out at the checkpoint were not redone"

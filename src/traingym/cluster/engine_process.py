@@ -8,8 +8,10 @@ Runs under multiprocessing `spawn` (cluster/local.py starts it). What it does, i
    until it holds a verified version >= the one it was started for. Over tcp a lost or stalled
    link is connected again (weights/sync.py); meanwhile the engine serves its last verified
    version, and the staleness bound decides whether what it makes is trained on;
-3. a serve loop: take jobs (one prompt each) from its request queue, run each as its own
-   asyncio task (G envs, all of the episode's turns), and batch the generation requests of all
+3. a serve loop: take jobs (one prompt each) from its request queue, and start each once the
+   engine holds the weights that were newest when it was sent (the trainer publishes before
+   it dispatches, but the frame may arrive after the job), so a fresh prompt is never sampled
+   from weights already replaced; run each as its own asyncio task (G envs, all of the episode's turns), and batch the generation requests of all
    live tasks into one engine call; slow environment steps overlap with generation and with
    each other. Between engine calls it applies every verified update that has arrived, so
    in-flight episodes are never dropped: a turn that started under version v is sampled under
@@ -31,6 +33,7 @@ import json
 import os
 import queue
 import traceback
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -42,6 +45,7 @@ class Job:
     key: tuple[int, int]  # (prompt index in the training stream, attempt)
     row: dict[str, Any]
     seed: int
+    version: int = -1  # the newest weights published when it was sent: started on those or newer
 
 
 @dataclass
@@ -54,6 +58,7 @@ class EngineSpec:
     reward_fn: Callable | None
     env: Callable | None
     group_reward: Callable | None
+    sandboxes: Any = None  # a client of sandbox workers elsewhere (cluster/ray_sandboxes.py)
 
 
 def tokenizer_fingerprint(tok) -> str:
@@ -102,6 +107,10 @@ class EngineProcess:
         from traingym.weights.sync import Subscriber
 
         torch.set_num_threads(1)
+        if spec.sandboxes is not None:
+            from traingym.sandbox import remote
+
+            remote.install(spec.sandboxes)
         cfg, r = spec.cfg, spec.cfg.rollout
         self.requests, self.results, self.parent = requests, results, os.getppid()
         model, tok = load_policy(cfg.model.path, seed=cfg.seed)
@@ -166,10 +175,10 @@ class EngineProcess:
         import time
 
         tasks: set[asyncio.Task] = set()
+        waiting: deque[Job] = deque()  # sent after weights that have not arrived yet
         while True:
             if os.getppid() != self.parent:
                 return  # the trainer is gone
-            self.poll_weights()
             while True:
                 try:
                     job = self.requests.get_nowait()
@@ -182,7 +191,10 @@ class EngineProcess:
                 if isinstance(job, tuple):  # ("report", version): the final-weights check
                     self.report(job[1])
                     continue
-                tasks.add(asyncio.create_task(self.run_job(job)))
+                waiting.append(job)
+            self.poll_weights()
+            while waiting and waiting[0].version <= self.engine.version:
+                tasks.add(asyncio.create_task(self.run_job(waiting.popleft())))
             for _ in range(3):  # let new tasks reach their first generate call
                 await asyncio.sleep(0)
             if self.batcher.parked:

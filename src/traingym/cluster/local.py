@@ -199,6 +199,7 @@ class LocalEngines:
         h.requests.put(job)
 
     def dispatch(self, job: Job) -> None:
+        job = dataclasses.replace(job, version=self.publisher.version)
         self._send(min(self.handles, key=lambda h: len(h.jobs)), job)
 
     def held(self) -> list[tuple[int, int]]:
