@@ -171,11 +171,11 @@ def async_train_loop(run, start_step: int) -> dict:
             metrics = {k: v for k, v in metrics.items() if not k.startswith("sync_")}
             metrics.update(sync, **info, trainer_idle_frac=seconds["rollout"] / seconds["step"],
                            async_dropped_total=feed.dropped_total,
-                           async_skipped_total=feed.skipped,
-                           **{f"async_{k}": v for k, v in engines.stats.items()})
+                           async_skipped_total=feed.skipped)
             if step + 1 == cfg.steps:
                 metrics["async_unfinished"] = feed.unfinished()
                 metrics["async_final_weights"] = engines.verify_final()
+            metrics.update({f"async_{k}": v for k, v in engines.stats.items()})
             run.log.event(metrics)
             run.log.samples(step, groups)
             run.progress.update(step, metrics)

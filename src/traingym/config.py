@@ -164,15 +164,24 @@ class ClusterConfig(_Strict):
     py_modules: list[str] = Field(default_factory=list, description="ray: local package "
                                   "folders shipped to every engine (runtime_env py_modules): "
                                   "the user's reward and env code not installed on the nodes")
+    sandbox_workers: int = Field(0, ge=0, description="ray: sandbox worker actors (one CPU "
+                                 "each) that run the envs' sandboxed code on CPU nodes; 0: "
+                                 "sandboxes run inside each engine (cluster/ray_sandboxes.py)")
+    sandbox_resources: dict[str, float] = Field(
+        default_factory=dict, description="ray: extra resources each sandbox worker asks for "
+        "(a custom resource of the CPU nodes keeps them off the engines' nodes)")
 
     @model_validator(mode="after")
     def _ray_only(self) -> ClusterConfig:
         if self.type == "ray" and not self.address:
             raise ValueError("cluster.type='ray' needs cluster.address (the head's host:port, "
                              "or 'auto')")
-        if self.type == "local" and (self.address or self.engine_resources or self.py_modules):
-            raise ValueError("cluster.address, engine_resources and py_modules apply only "
-                             "with cluster.type='ray'")
+        if self.type == "local" and (self.address or self.engine_resources or self.py_modules
+                                     or self.sandbox_workers or self.sandbox_resources):
+            raise ValueError("cluster.address, engine_resources, py_modules and sandbox_* "
+                             "apply only with cluster.type='ray'")
+        if self.sandbox_resources and not self.sandbox_workers:
+            raise ValueError("cluster.sandbox_resources needs cluster.sandbox_workers > 0")
         return self
 
 

@@ -11,8 +11,11 @@ cluster start and stop included: marked slow. An engine actor killed mid-run (SI
 inside its env) is restarted on the worker node, its prompts redone, none lost or trained
 twice, final weights hash-verified.
 
-The cluster tests skip when ray is not installed (the `ray` extra). Not covered: more than one engine, a trainer
-actor, a killed node.
+With `cluster.sandbox_workers`, a code task's sandboxed grading runs in a sandbox worker on
+the head node (the only one with a `sandbox_node` resource), not on the engine's node.
+
+The cluster tests skip when ray is not installed (the `ray` extra). Not covered: more than one
+engine, a trainer actor, a killed node or sandbox worker.
 """
 
 from __future__ import annotations
@@ -59,6 +62,10 @@ def test_cluster_config_is_checked_before_work():
         _cfg(2, {"address": "x:1"})
     with pytest.raises(ConfigError):
         _cfg(2, {"type": "ray", "address": "x:1", "bogus": 1})
+    with pytest.raises(ConfigError, match="sandbox_\\* apply only"):
+        _cfg(2, {"sandbox_workers": 2})
+    with pytest.raises(ConfigError, match="needs cluster.sandbox_workers > 0"):
+        _cfg(2, {"type": "ray", "address": "x:1", "sandbox_resources": {"cpu_node": 1}})
     with pytest.raises(ConfigError, match="must be 'tcp'"):
         traingym.build_config("tiny", overrides={
             "mode": "async", "weights": {"transport": "shm"},
@@ -142,7 +149,7 @@ def _two_nodes():
     worker_temp = Path(f"/tmp/tgray-w-{os.getpid()}")
     nodes = []
     try:
-        head = _node_cmd(head_temp, _free_ports(7))
+        head = _node_cmd(head_temp, _free_ports(7), resources='{"sandbox_node": 1}')
         head[2:2] = ["--head", f"--port={head_port}", "--include-dashboard=false",
                      f"--ray-client-server-port={_free_ports(1)[0]}"]
         nodes.append((subprocess.Popen(head, env=env, start_new_session=True), head_temp))
@@ -255,3 +262,26 @@ def test_killed_engine_actor_is_restarted_on_its_node(two_nodes, tmp_path, monke
     assert sorted(taken) == list(range(len(taken))), "a prompt was lost or trained twice"
     final = result.final_metrics["async_final_weights"]
     assert final[0]["version"] == 6 and final[0]["node"] != final[0]["trainer_node"]
+
+
+@pytest.mark.slow
+def test_sandboxed_code_runs_on_the_sandbox_node(two_nodes, tmp_path):
+    from traingym.envs.code_env import CodeEnvMaker
+    from traingym.envs.code_problems import code_rows
+
+    steps = 3
+    cfg = _cfg(steps, {"type": "ray", "address": two_nodes,
+                       "engine_resources": {"engine_node": 1.0}, "sandbox_workers": 1,
+                       "sandbox_resources": {"sandbox_node": 1.0}})
+    traingym.train(cfg, dataset=code_rows(0), env=CodeEnvMaker("bwrap"),
+                   run_dir=tmp_path / "run", progress=False)
+    events = read_events(tmp_path / "run")
+    assert [e["step"] for e in events] == list(range(1, steps + 1))
+    final, workers = events[-1]["async_final_weights"], events[-1]["async_sandbox_workers"]
+    assert len(workers) == 1 and "error" not in workers[0]
+    assert workers[0]["node"] == final[0]["trainer_node"] != final[0]["node"], \
+        "the sandbox worker is not on the sandbox node, or shares the engine's node"
+    graded = steps * cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    assert workers[0]["sessions"] >= graded, workers[0]
+    # (sessions may still be open: prompts dispatched ahead are being graded at the end)
+    assert workers[0]["pools"]["bwrap"]["acquired"] == workers[0]["sessions"]

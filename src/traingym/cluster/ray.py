@@ -13,6 +13,9 @@ must import them, from an installed package or from `cluster.py_modules`, shippe
 runtime_env). The final-weights reports name the node of each engine and of the trainer.
 
 A restart (async.restarts) kills the old actor, whose bundle the new one takes.
+With `cluster.sandbox_workers` the envs' sandboxed code runs in sandbox worker actors on CPU
+nodes (cluster/ray_sandboxes.py), placed before the engines; the last step record lists
+each worker's node and sessions (`async_sandbox_workers`).
 
 Not covered: the trainer as an actor or data-parallel trainer actors (the trainer is the
 driver), weight transports other than tcp, engines on GPUs (bundles ask for CPU only), a
@@ -21,6 +24,7 @@ driver that cannot reach the engines' nodes directly (tcp connects to the driver
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import threading
@@ -33,6 +37,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from traingym.cluster.engine_process import EngineSpec, engine_main
 from traingym.cluster.local import EngineError, LocalEngines
+from traingym.cluster.ray_sandboxes import RemoteSandboxes, close_workers, start_workers
 
 
 class _ThreadQueue(queue.Queue):
@@ -140,13 +145,19 @@ class RayEngines(LocalEngines):
             raise TimeoutError(f"Ray could not place {run.cfg.async_.engines} engine bundles "
                                f"of {self.bundle} within {timeout}s (async.engine_timeout_s): "
                                f"the cluster has {ray.available_resources()} free")
+        self.sandbox_workers, self.sandbox_nodes = [], []
         try:
+            if c.sandbox_workers:
+                self.sandbox_pg, self.sandbox_workers, self.sandbox_nodes = start_workers(
+                    c.sandbox_workers, c.sandbox_resources, timeout)
             super().__init__(run, start_version)
         except BaseException:
             self._release()
             raise
 
     def _spawn(self, eid: int, spec: EngineSpec):
+        if self.sandbox_workers:
+            spec = dataclasses.replace(spec, sandboxes=RemoteSandboxes(self.sandbox_workers))
         if eid < len(self.handles):  # a restart: the predecessor's actor frees its bundle
             self.handles[eid].proc.kill()
         strategy = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=eid)
@@ -158,6 +169,10 @@ class RayEngines(LocalEngines):
 
     def verify_final(self) -> list[dict]:
         reports = super().verify_final()
+        if self.sandbox_workers:  # where the envs' code ran, and how much of it
+            self.stats["sandbox_workers"] = ray.get(
+                [w.stats.remote() for w in self.sandbox_workers],
+                timeout=self.acfg.engine_timeout_s)
         return [{**r, "node": self.handles[r["engine"]].proc.node,
                  "trainer_node": self.trainer_node} for r in reports]
 
@@ -168,6 +183,11 @@ class RayEngines(LocalEngines):
             self._release()
 
     def _release(self) -> None:
+        if getattr(self, "sandbox_workers", None):
+            close_workers(self.sandbox_workers)
+            self.sandbox_workers = []
+        if hasattr(self, "sandbox_pg"):
+            remove_placement_group(self.sandbox_pg)
         if hasattr(self, "pg"):
             remove_placement_group(self.pg)
         if self.owns_ray:

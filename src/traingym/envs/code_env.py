@@ -9,7 +9,8 @@ the fraction of hidden tests passed, judged on the host (envs/code_grader.py).
 The pool is made on first use, one per event loop, backend and limits, and shared by every env
 of the run (the rollout runner keeps one loop for the whole run); it is closed with the runner. The backend is named
 explicitly; "bwrap" is the default. A backend that cannot run raises SandboxUnavailable: code is
-never run on the host instead.
+never run on the host instead. On a Ray cluster with `cluster.sandbox_workers`, the sessions
+run on the sandbox workers' CPU nodes instead (cluster/ray_sandboxes.py); this code is the same.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from traingym.envs.code_grader import extract_code, grade
 from traingym.envs.render import PromptRenderer
 from traingym.envs.resources import on_loop_close
-from traingym.sandbox import DEFAULT_BACKEND, Limits, open_sandbox
+from traingym.sandbox import DEFAULT_BACKEND, Limits, open_sandbox, remote
 from traingym.sandbox.pool import SandboxPool
 from traingym.types import Completion, Observation, StepResult
 
@@ -32,7 +33,11 @@ _POOLS: dict[tuple, SandboxPool] = {}
 
 
 def pool_for(backend: str, limits: Limits) -> SandboxPool:
-    """The run's shared pool for this event loop, backend and limits."""
+    """The run's shared pool for this event loop, backend and limits; on a Ray cluster with
+    sandbox workers, their client instead (sandbox/remote.py)."""
+    client = remote.current()
+    if client is not None:
+        return client.pool(backend, limits)
     key = (asyncio.get_running_loop(), backend, limits)
     if key not in _POOLS:
         pool = _POOLS[key] = SandboxPool(lambda: open_sandbox(backend, limits), min_ready=2,
