@@ -12,7 +12,8 @@ opens each session on the worker holding the fewest open sessions of this client
 Results travel back as ExecResult (bytes and numbers; no weights). A worker that dies fails
 the sessions it held with a SandboxError naming it; the engine's env reports that as any env
 error. Not covered: restarting a dead worker, sessions moving between workers, a pool shared
-across workers.
+across workers, releasing the sessions of an engine that died mid-session (they stay taken
+until the run ends; the pool grows up to its max_size meanwhile).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class SandboxWorker:
 
     def stats(self) -> dict:
         return {**self.where(), "sessions": self.served, "open": len(self.sessions),
-                "pools": {f"{b}": p.stats() for (b, _), p in self.pools.items()}}
+                "pools": {backend: p.stats() for (backend, _), p in self.pools.items()}}
 
     async def close(self) -> None:
         for pool in self.pools.values():
