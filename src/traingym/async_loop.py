@@ -38,7 +38,11 @@ goes on with the stream where the checkpoint left it; steps trained after the ch
 lost with the process and redone. So over the run's recorded steps every prompt is trained on
 at most once and none is lost, as without the kill.
 
-Not covered: in-flight updates between decode steps, reproducibility (what arrives when
+`async.inflight_updates` lets engines take new weights between decode steps as well: a
+completion's tokens then carry the versions that sampled them, and its staleness is that of
+its oldest token.
+
+Not covered: reproducibility (what arrives when
 depends on timing, so async runs, resumed or not, are not bitwise repeatable). `cluster.type='ray'` puts the engines on a Ray cluster (cluster/ray.py); the
 trainer stays in this process.
 """

@@ -145,6 +145,9 @@ class AsyncConfig(_Strict):
                           "(or sequences) with a weight above it get weight 0")
     engine_timeout_s: float = Field(120.0, gt=0, description="an engine that delivers nothing "
                                     "this long while work is outstanding fails the run")
+    inflight_updates: bool = Field(False, description="engines apply new weights between "
+                                   "decode steps too, not only between engine calls; each "
+                                   "token records the version that sampled it")
     restarts: int = Field(0, ge=0, description="engine processes that may be restarted after "
                           "dying (their in-flight prompts are dispatched again); past that the "
                           "run fails")

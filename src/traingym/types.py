@@ -40,7 +40,8 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" (a stop token, included in token_ids) or "length"
-    version: int  # policy version that produced the tokens
+    version: int  # policy version that produced the first token (the oldest)
+    token_versions: list[int] | None = None  # per token, where weights changed mid-decode
 
 
 @dataclass

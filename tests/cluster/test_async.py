@@ -95,6 +95,32 @@ def test_multi_turn_episodes_carry_a_version_per_token(tmp_path):
     assert spanning > 0, "no episode spanned a weight update: the test would be vacuous"
 
 
+def test_inflight_updates_switch_weights_inside_one_completion(tmp_path):
+    """With async.inflight_updates, an update lands between decode steps: one single-turn
+    completion holds tokens of two versions, recorded token by token, never going back."""
+    cfg = _cfg(8, max_staleness=2, inflight_updates=True).model_copy(deep=True)
+    cfg.rollout.max_new_tokens, cfg.rollout.ignore_eos = 96, True
+    run, start = build_run(cfg, tmp_path / "run", False, progress=False)
+    seen, train_step = [], run.trainer.train_step
+
+    def recording(batch):
+        seen.append([s for g in batch.groups for s in g.samples])
+        return train_step(batch)
+
+    run.trainer.train_step = recording
+    metrics = async_train_loop(run, start)
+    run.close()
+    events = read_events(tmp_path / "run")
+    trained, _ = _ledger(events, 2)
+    assert all(f["version"] == 8 for f in metrics["async_final_weights"])
+    spanning = 0
+    for samples in seen:
+        for s in samples:
+            assert s.turns == 1 and s.versions == sorted(s.versions)
+            spanning += len(set(s.versions)) > 1
+    assert spanning > 0, "no completion spanned a weight update: the test would be vacuous"
+
+
 def _slow_rows(n=40):
     return [{"prompt": f"What is {i} + {i % 7}?", "answer": i + i % 7, "slow": i % 4 == 0}
             for i in range(n)]

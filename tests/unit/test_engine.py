@@ -137,3 +137,28 @@ def test_draw_samples_the_softmax_and_never_a_cut_token():
     keep = expected > 0
     chi2 = (((counts - expected)[keep] ** 2) / expected[keep]).sum()
     assert chi2 < 16.3  # 3 degrees of freedom: P(chi2 > 16.3) ~ 0.001
+
+
+def test_inflight_update_switches_weights_mid_decode_and_records_versions(setup):
+    tok, model, prompts = setup
+    params = SamplingParams(temperature=0, max_new_tokens=8)
+    reqs = [GenerationRequest(p, 1, params) for p in prompts]
+    before = TorchEngine(copy.deepcopy(model), tok.pad_token_id).generate_sync(reqs)
+    engine = TorchEngine(copy.deepcopy(model), tok.pad_token_id)
+    other = tiny_model(tok, seed=9).state_dict()
+    forwards = []
+
+    def between_steps():
+        forwards.append(engine.version)
+        if len(forwards) == 3:  # before the forward that gives the 4th token's logits
+            engine.update_weights(other, version=1)
+
+    engine.between_steps = between_steps
+    out = engine.generate_sync(reqs)
+    for old, new in zip(before, out):
+        o, n = old[0], new[0]
+        assert n.version == 0 and n.token_versions == [0, 0, 0] + [1] * (len(n.token_ids) - 3)
+        assert n.token_ids[:3] == o.token_ids[:3] and n.logprobs[:3] == o.logprobs[:3]
+        assert n.logprobs[3:] != o.logprobs[3:], "the new weights changed nothing: vacuous"
+    plain = TorchEngine(copy.deepcopy(model), tok.pad_token_id).generate_sync(reqs)
+    assert all(c[0].token_versions is None for c in plain)

@@ -22,7 +22,8 @@ Runs under multiprocessing `spawn` (cluster/local.py starts it). What it does, i
 It exits when told to (None on the request queue), when the trainer's process is gone, or
 with an ("error", traceback) message and a non-zero exit code when anything raises.
 
-Not covered: weight updates between decode steps of one engine call (in-flight updates).
+With `async.inflight_updates` it also applies them between decode steps of one engine call
+(rollout/torch_engine.py), so a long completion switches weights mid-way, token by token.
 """
 
 from __future__ import annotations
@@ -130,6 +131,9 @@ class EngineProcess:
                    else SingleTurnFactory(spec.reward_fn, renderer))
         stop_ids = () if r.ignore_eos else (tok.eos_token_id,)
         params = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, stop_ids)
+        if cfg.async_.inflight_updates:
+            self.engine.between_steps = self.poll_weights  # in the decoding thread; the serve
+            # loop, the other caller, waits for that decode meanwhile
         self.batcher = _Batcher(self.engine)
         self.runner = RolloutRunner(self.batcher, factory, params, r.group_size, tokenizer=tok,
                                     limits=EpisodeLimits(r.max_turns, r.max_context_tokens),

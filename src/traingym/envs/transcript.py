@@ -57,7 +57,8 @@ class Transcript:
         self.completion_ids += completion.token_ids
         self.loss_mask += [1] * len(completion.token_ids)
         self.logprobs += completion.logprobs
-        self.versions += [completion.version] * len(completion.token_ids)
+        self.versions += (completion.token_versions
+                          or [completion.version] * len(completion.token_ids))
         self.turns += 1
 
     def env_tokens(self, observation_ids: Sequence[int]) -> list[int]:

@@ -11,12 +11,20 @@ index), so results do not depend on how requests were batched together.
 Log-probs are those of the sampling distribution softmax(logits / T) before the top-k / top-p
 cut (greedy: softmax(logits)). That matches what the trainer recomputes.
 
+In-flight updates: with `between_steps` set, the engine calls it before every decode forward
+(not before the prefill); if it swapped the weights (update_weights), the following tokens are sampled
+from the new weights and each completion records the version per token
+(`Completion.token_versions`). The KV cache of the tokens before the swap is kept, as
+computed by the old weights (as PipelineRL does); the trainer's importance correction sees
+each token's own log-prob.
+
 Not covered: stop strings (stop token ids only), speculative decoding, paged attention.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Callable
 
 import torch
 from transformers import DynamicCache
@@ -62,6 +70,9 @@ class TorchEngine:
         self.pad_token_id = pad_token_id
         self.max_batch_rows = max_batch_rows
         self.version = 0
+        # Called between decode steps (in the decoding thread) where set: it may call
+        # update_weights, and later tokens record the new version (in-flight updates).
+        self.between_steps: Callable[[], None] | None = None
         # The fused decode path (rollout/fused_llama.py) where the architecture allows it.
         self.fused = FusedLlama(self.model) if fused and supports(self.model) else None
 
@@ -121,9 +132,10 @@ class TorchEngine:
         ]
         B = logits_B_V.shape[0]
         stop = torch.tensor(sorted(params.stop_token_ids), dtype=torch.long, device=device)
-        tokens, logps = [], []
+        tokens, logps, versions = [], [], []
         alive_B = torch.ones(B, dtype=torch.bool, device=device)
         for step in range(params.max_new_tokens):
+            versions.append(self.version)  # of the weights that computed these logits
             tok_B, lp_B = self._sample(logits_B_V, params, gens)
             tok_B = torch.where(alive_B, tok_B, torch.full_like(tok_B, self.pad_token_id))
             tokens.append(tok_B)
@@ -133,10 +145,13 @@ class TorchEngine:
                 alive_B = alive_next
                 break
             mask_B_T = torch.cat([mask_B_T, alive_B.long()[:, None]], dim=1)
+            if self.between_steps is not None:
+                self.between_steps()
             logits_B_V = forward(tok_B, next_pos_B, mask_B_T)
             next_pos_B = next_pos_B + 1
             alive_B = alive_next
-        return self._collect(requests, torch.stack(tokens, 1), torch.stack(logps, 1), stop)
+        return self._collect(requests, torch.stack(tokens, 1), torch.stack(logps, 1), stop,
+                             versions)
 
     def _prefill(self, ids_P_T, mask_P_T, pos_P_T, ns, max_new_tokens: int):
         """Prefill each prompt once, repeat its cache per sample; return logits and a step fn."""
@@ -174,7 +189,7 @@ class TorchEngine:
         tok_B = draw(cut_B_V, gens)
         return tok_B, lp_B_V.gather(-1, tok_B[:, None])[:, 0]
 
-    def _collect(self, requests, tokens_B_N, logps_B_N, stop):
+    def _collect(self, requests, tokens_B_N, logps_B_N, stop, versions):
         out, row = [], 0
         tokens, logps = tokens_B_N.tolist(), logps_B_N.tolist()
         stops = set(stop.tolist())
@@ -188,7 +203,9 @@ class TorchEngine:
                     if t in stops:
                         reason = "stop"
                         break
-                comps.append(Completion(tuple(r.prompt_ids), ids, lps, reason, self.version))
+                own = versions[: len(ids)]
+                comps.append(Completion(tuple(r.prompt_ids), ids, lps, reason, own[0],
+                                        own if own[0] != own[-1] else None))
                 row += 1
             out.append(comps)
         return out
