@@ -46,7 +46,21 @@ from traingym.weights.hashing import bits, state_hash  # noqa: E402
 MODEL_DIR = Path.home() / ".cache/traingym/models/smollm2-135m-instruct"
 
 
-def rl_stream(steps: int, lr: float):
+def rl_stream(steps: int, lr: float, cache: str | None = None):
+    """The bf16 states of `steps` AdamW steps (plus the initial one). With `cache`, states
+    are saved there as safetensors on the first run and loaded on later runs (same lr and
+    steps only: the stream is deterministic, the file names carry both)."""
+    if cache:
+        from safetensors.torch import load_file, save_file
+
+        files = [Path(cache) / f"lr{lr:g}_step{i}.safetensors" for i in range(steps + 1)]
+        if all(f.exists() for f in files):
+            return [load_file(f) for f in files]
+        states = rl_stream(steps, lr)
+        Path(cache).mkdir(parents=True, exist_ok=True)
+        for f, s in zip(files, states):
+            save_file(s, f)
+        return states
     from transformers import AutoModelForCausalLM
 
     from traingym.weights.realistic import rl_states
@@ -320,6 +334,8 @@ def main() -> None:
     ap.add_argument("--link", choices=("auto", "netns", "relay"), default="auto",
                     help="1 Gbit/s link: veth + tc in a network namespace (needs root), a "
                          "rate-limited loopback relay, or netns where it works")
+    ap.add_argument("--cache", help="folder to save the bf16 states in on the first run and "
+                    "load them from on later runs with the same --steps and --lr")
     ap.add_argument("--out", default="/tmp/weight_sync_results.json")
     ap.add_argument("--receive", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -328,7 +344,7 @@ def main() -> None:
         return receiver_main(host, int(port), int(n))
     sections = args.sections.split(",")
     print(f"SmolLM2-135M, AdamW lr={args.lr}, {args.steps} steps", flush=True)
-    states = rl_stream(args.steps, args.lr)
+    states = rl_stream(args.steps, args.lr, args.cache)
     res = {"lr": args.lr, "steps": args.steps, "cpu": os.cpu_count()}
     densities = [step_sizes(a, b)["density"] for a, b in zip(states, states[1:])] \
         if "compress" not in sections else None

@@ -1,7 +1,10 @@
 """Codec round trips: every dtype the codec claims, any shape, densities 0..100%, special
-values (NaN payloads, infinities, -0.0, subnormals), and the wire format."""
+values (NaN payloads, infinities, -0.0, subnormals), and the wire format; the "tiered"
+method on updates whose small weights change more often; the bit packers."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -9,8 +12,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from traingym.weights import entropy
-from traingym.weights.base import IntegrityError
+from traingym.weights import entropy, tiered
+from traingym.weights.base import IntegrityError, Payload
 from traingym.weights.codecs import DeltaCodec, FullCodec, apply, changed_positions
 from traingym.weights.frame import from_buffer, seal, to_bytes, verify_body
 from traingym.weights.hashing import bits, state_hash
@@ -169,3 +172,157 @@ def test_class_coding_round_trip(values):
     v = np.array(values, dtype=np.uint64)
     classes, mantissa = entropy.class_encode(v)
     assert np.array_equal(entropy.class_decode(classes, mantissa), v)
+
+
+# ---------------------------------------------------------------- the "tiered" method
+WIDE_DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
+_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+@st.composite
+def rl_like_pairs(draw):
+    """Bases with a share of tiny magnitudes (and zeros, subnormals, NaNs, infinities) whose
+    elements change far more often than the rest: the structure "tiered" is for."""
+    dtype = draw(st.sampled_from(WIDE_DTYPES))
+    width = torch.tensor([], dtype=dtype).element_size()
+    n = draw(st.integers(1, 6000))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    tiny = torch.rand(n, generator=g) < draw(st.sampled_from([0.01, 0.05, 0.3]))
+    base = torch.randn(n, generator=g, dtype=torch.float64) * torch.where(tiny, 1e-5, 0.02)
+    old = bits(base.to(dtype)).astype(np.uint64)
+    if width in SPECIAL:
+        special = np.array(SPECIAL[width], dtype=np.uint64)
+        spots = rng.random(n) < 0.02
+        old[spots] = rng.choice(special, int(spots.sum()))
+    p_tiny = draw(st.sampled_from([0.3, 0.7, 0.97, 1.0]))
+    p_rest = draw(st.sampled_from([0.0, 0.001, 0.01]))
+    mask = rng.random(n) < np.where(tiny.numpy(), p_tiny, p_rest)
+    m, wrap = int(mask.sum()), np.uint64(2 ** (8 * width) - 1)  # uint64 sums wrap, then mask
+    kind = draw(st.sampled_from(["ulp", "small", "random", "sign"]))
+    new = old.copy()
+    if kind == "ulp":
+        new[mask] = (old[mask] + rng.choice([1, -1], m).astype(np.int64).astype(np.uint64)) & wrap
+    elif kind == "small":
+        step = rng.integers(1, 300, m) * rng.choice([1, -1], m)
+        new[mask] = (old[mask] + step.astype(np.int64).astype(np.uint64)) & wrap
+    elif kind == "random":
+        new[mask] = rng.integers(0, 2**63, m, dtype=np.uint64) * np.uint64(2) & wrap
+    else:
+        new[mask] = old[mask] ^ np.uint64(1 << (8 * width - 1))
+    t = _UINT[width]
+    as_t = lambda x: torch.from_numpy(x.astype(t).view(f"i{width}")).view(dtype)  # noqa: E731
+    return {"w": as_t(old)}, {"w": as_t(new)}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rl_like_pairs())
+def test_tiered_round_trip_is_bit_exact(pair):
+    old, new = pair
+    payload = seal(DeltaCodec().encode(old, new))
+    wire = from_buffer(to_bytes(payload))
+    verify_body(wire)
+    assert _same_bits(DeltaCodec().decode(old, wire), new)
+
+
+def _rl_like(dtype, n=200_000, p_tiny=0.98, p_rest=0.004, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    tiny = torch.rand(n, generator=g) < 0.01
+    base = (torch.randn(n, generator=g) * torch.where(tiny, 1e-5, 0.02)).to(dtype)
+    p = torch.where(tiny, p_tiny, p_rest)
+    changed = torch.rand(n, generator=g) < p
+    step = torch.where(tiny, 3e-5, 2e-4) * torch.randn(n, generator=g)
+    new = torch.where(changed, (base.double() + step).to(dtype), base)
+    return {"w": base}, {"w": new}
+
+
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
+@pytest.mark.parametrize("p_tiny,mode,gain", [(0.98, 1, 0.9), (0.3, 0, 1.0)])
+def test_tiered_is_chosen_and_beats_sparse(dtype, p_tiny, mode, gain, monkeypatch):
+    old, new = _rl_like(dtype, p_tiny=p_tiny)
+    p = DeltaCodec().encode(old, new)
+    (e,) = p.header.tensors
+    assert e.method == "tiered" and e.params[1] == mode  # mode 1 codes S's unchanged elements
+    assert _same_bits(apply({"w": old["w"].clone()}, from_buffer(to_bytes(seal(p)))), new)
+    monkeypatch.setattr(tiered, "MANTISSA_BITS", {})  # what "sparse" alone would send
+    sparse = DeltaCodec().encode(old, new)
+    assert sparse.header.tensors[0].method == "sparse"
+    assert p.nbytes < gain * sparse.nbytes
+
+
+def test_tiered_skipped_without_a_magnitude_effect():
+    g = torch.Generator().manual_seed(3)
+    old = (torch.randn(100_000, generator=g) * 0.02).bfloat16()
+    new = old.clone()
+    idx = torch.randperm(old.numel(), generator=g)[:1000]
+    new[idx] = (new[idx].float() * 1.01).bfloat16()
+    assert DeltaCodec().encode({"w": old}, {"w": new}).header.tensors[0].method == "sparse"
+
+
+def test_tiered_corrupt_params_raise_integrity_errors():
+    old, new = _rl_like(torch.bfloat16, n=20_000)
+    p = DeltaCodec().encode(old, new)
+    (e,) = p.header.tensors
+    assert e.method == "tiered"
+    bad = [(e.params[0] + 300, *e.params[1:]), (e.params[0], 2, *e.params[2:]),
+           (*e.params[:2], e.params[2] + 10**6, *e.params[3:]), e.params[:-1],
+           (*e.params[:3], 70, *e.params[4:]), (*e.params[:-1], e.params[-1] + 10**6)]
+    for params in bad:
+        header = dataclasses.replace(p.header, tensors=(dataclasses.replace(e, params=params),))
+        with pytest.raises(IntegrityError):
+            apply({"w": old["w"].clone()}, Payload(header, p.buffers))
+
+
+def test_tiered_on_a_real_rl_stream():
+    """A tiny Llama under AdamW (bf16 export): the tier is used and shrinks the update."""
+    from traingym.weights.realistic import rl_states, tiny_llama
+
+    states = list(rl_states(tiny_llama(hidden=64, layers=2), steps=2, lr=1e-5, batch=2, seq=16))
+    old, new = states[1], states[2]
+    p = DeltaCodec().encode(old, new)
+    methods = [e.method for e in p.header.tensors]
+    assert methods.count("tiered") >= 3
+    assert _same_bits(apply({k: v.clone() for k, v in old.items()}, p), new)
+
+
+def test_small_positions_matches_naive(monkeypatch):
+    monkeypatch.setattr(tiered, "CHUNK", 1000)  # several chunks and a ragged last one
+    rng = np.random.default_rng(0)
+    for dt in (np.uint16, np.uint32, np.uint64):
+        a = rng.integers(0, np.iinfo(dt).max, 4321, dtype=dt, endpoint=True)
+        mag = np.iinfo(dt).max >> 1
+        for bound in (0, 1, int(mag) // 3, int(mag) + 1):
+            naive = np.flatnonzero((a & mag) < bound)
+            assert np.array_equal(tiered.small_positions(a, bound), naive)
+
+
+def _pack_reference(v: np.ndarray, lengths: np.ndarray) -> bytes:
+    bitstr = "".join(format(int(x), f"0{int(n)}b")[-int(n):] if n else ""
+                     for x, n in zip(v, lengths))
+    bitstr += "0" * (-len(bitstr) % 8)
+    return bytes(int(bitstr[i : i + 8], 2) for i in range(0, len(bitstr), 8))
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=200), st.integers(1, 64))
+def test_pack_fixed_matches_reference(values, k):
+    v = np.array(values, dtype=np.uint64)
+    packed = entropy.pack_fixed(v, k)
+    assert packed == _pack_reference(v & np.uint64(2**64 - 1 >> (64 - k)), np.full(v.size, k))
+    assert np.array_equal(entropy.unpack_fixed(packed, k, v.size),
+                          v & np.uint64(2**64 - 1 >> (64 - k)))
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 64)), max_size=200))
+def test_pack_bits_matches_reference(fields):
+    lengths = np.array([n for _, n in fields], dtype=np.uint8)
+    v = np.array([x & ((1 << n) - 1) for x, n in fields], dtype=np.uint64)
+    packed = entropy.pack_bits(v, lengths)
+    assert packed == _pack_reference(v, lengths)
+    assert np.array_equal(entropy.unpack_bits(packed, lengths), v)
+
+
+@pytest.mark.parametrize("mean", [0.2, 3, 40, 900, 50_000])
+def test_best_k_is_near_the_best_rice_parameter(mean):
+    v = np.random.default_rng(1).geometric(1 / (mean + 1), 50_000).astype(np.uint64) - np.uint64(1)
+    costs = [entropy.rice_cost(v, k) for k in range(40)]
+    assert entropy.rice_cost(v, entropy.best_k(v)) <= 1.01 * min(costs)

@@ -3,8 +3,12 @@
 delta, per tensor, picks the smallest of:
 - sparse: changed positions, gap-coded and Rice-coded; values as the integer difference of
   order-preserving bit keys (so +-1 ulp, across zero too, is a small number), zigzagged,
-  coded as an exponent class (zstd: its Huffman stage) plus raw low bits. Positions and values are separate
-  streams. This is where 1-3%-dense RL updates land.
+  coded as an exponent class (zstd: its Huffman stage) plus raw low bits. Positions and
+  values are separate streams. This is where 1-3%-dense RL updates land.
+- tiered (bf16, fp16, fp32, fp64; tiered.py): sparse, but the positions are split by the old
+  value's magnitude, which the receiver holds: the smallest weights change on nearly every
+  step and cost almost nothing to locate. The encoder uses it for a tensor when it estimates
+  a saving, "sparse" otherwise (both stay decodable).
 - xor: old ^ new, split into byte planes, zstd. For dense changes with large differences.
 - raw: the new bytes. Never worse than a full send of that tensor.
 Bit-exact for every dtype (floats get the key map, others are coded as plain integers):
@@ -19,7 +23,7 @@ import numpy as np
 import torch
 import zstandard
 
-from traingym.weights import entropy
+from traingym.weights import entropy, tiered
 from traingym.weights.base import BaseMismatch, IntegrityError, Payload, State, TensorEntry, UpdateHeader
 from traingym.weights.base import register_codec
 from traingym.weights.hashing import bits, dtype_name, dtype_of
@@ -27,17 +31,26 @@ from traingym.weights.hashing import bits, dtype_name, dtype_of
 XOR_MIN_DENSITY = 0.05  # below this, sparse always wins; skip the cost of trying xor
 
 
-def changed_positions(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Indices where a != b, comparing 8 bytes at a time; the lanes that differ within a
-    changed word come from the XOR of the two words (no second gather of single elements)."""
+def changes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(indices where a != b, a there, b there). Compares 8 bytes at a time; the lanes that
+    differ within a changed word, and their old and new values, come from the two gathered
+    words (no second gather from the large arrays)."""
     per = 8 // a.itemsize
     if not (per > 1 and a.size % per == 0 and a.size >= 1024):
-        return np.flatnonzero(a != b)
+        pos = np.flatnonzero(a != b)
+        return pos, a[pos], b[pos]
     a64, b64 = a.view(np.uint64), b.view(np.uint64)
     words = np.flatnonzero(a64 != b64)
-    x = a64[words] ^ b64[words]  # lane j of the word, in memory order, is element word*per + j
-    row, lane = np.nonzero(x.view(f"u{a.itemsize}").reshape(-1, per))  # row-major: sorted
-    return words[row] * per + lane
+    aw, bw = a64[words].view(a.dtype), b64[words].view(a.dtype)  # lane j: element word*per+j
+    lanes = np.flatnonzero(aw != bw)  # sorted
+    shift = per.bit_length() - 1  # per is 2, 4 or 8
+    pos = (words[lanes >> shift] << shift) | (lanes & (per - 1))
+    return pos, aw[lanes], bw[lanes]
+
+
+def changed_positions(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Indices where a != b (sorted)."""
+    return changes(a, b)[0]
 
 
 def _keys(x: np.ndarray, is_float: bool) -> np.ndarray:
@@ -107,13 +120,13 @@ class DeltaCodec:
             if o.dtype != t.dtype or o.shape != t.shape:
                 raise ValueError(f"{name}: dtype or shape changed; send a full update")
             a, b = bits(o), bits(t)
-            pos = changed_positions(a, b)
+            pos, a_pos, b_pos = changes(a, b)
             if pos.size == 0:
                 out.add(name, t, "same", [])
                 continue
             options = [("raw", [b], ())]
             if pos.size < 0.5 * a.size:
-                options.append(("sparse", *self._sparse(a, b, pos, t.is_floating_point(), zc)))
+                options.append(self._sparse(a, b, pos, a_pos, b_pos, t.dtype, zc))
             if pos.size >= XOR_MIN_DENSITY * a.size:
                 planes = (a ^ b).view(np.uint8).reshape(-1, a.itemsize).T.copy()
                 options.append(("xor", [zc.compress(planes.data)], ()))
@@ -124,13 +137,23 @@ class DeltaCodec:
         return out.payload("delta")
 
     @staticmethod
-    def _sparse(a, b, pos, is_float, zc):
+    def _sparse(a, b, pos, a_pos, b_pos, dtype, zc):
+        """-> ("tiered" or "sparse", buffers, params)."""
+        is_float = dtype.is_floating_point
+        ka, kb = _keys(a_pos, is_float), _keys(b_pos, is_float)
+        mbits = tiered.MANTISSA_BITS.get(dtype)
+        if mbits is not None:
+            e_pos = tiered.exponents(a_pos, mbits)
+            threshold, small = tiered.plan(a, e_pos, mbits)
+            if threshold:
+                buf, params = tiered.encode(a, b, pos, e_pos, kb - ka, threshold, small, zc)
+                return "tiered", [buf], params
+        d = _signed_diff(ka, kb)
         gaps = np.diff(pos, prepend=-1).astype(np.uint64) - np.uint64(1)
         k = entropy.best_k(gaps)
         unary, low, gesc, n_gesc = entropy.rice_encode(gaps, k)
-        d = _signed_diff(_keys(a[pos], is_float), _keys(b[pos], is_float))
         classes, mantissa = entropy.class_encode(entropy.zigzag(d) - np.uint64(1))
-        return [unary, low, gesc, zc.compress(classes), mantissa], (k, n_gesc)
+        return "sparse", [unary, low, gesc, zc.compress(classes), mantissa], (k, n_gesc)
 
     def decode(self, old: State | None, payload: Payload) -> State:
         if old is None:
@@ -138,7 +161,8 @@ class DeltaCodec:
         return apply({k: v.clone() for k, v in old.items()}, payload)
 
 
-def _apply_tensor(a: np.ndarray, e: TensorEntry, bufs: list[memoryview], is_float: bool):
+def _apply_tensor(a: np.ndarray, e: TensorEntry, bufs: list[memoryview], dtype: torch.dtype):
+    is_float = dtype.is_floating_point
     if e.method == "same":
         return
     if e.method == "raw":
@@ -166,6 +190,11 @@ def _apply_tensor(a: np.ndarray, e: TensorEntry, bufs: list[memoryview], is_floa
         ka = _keys(a[pos], is_float)
         kb = ka + d.astype(ka.dtype)  # wraps modulo 2^W, the inverse of _signed_diff
         a[pos] = entropy.float_unkey(kb) if is_float else kb
+    elif e.method == "tiered":
+        if dtype not in tiered.MANTISSA_BITS or len(bufs) != 1:
+            raise IntegrityError(f"{e.name}: tiered entry for {dtype} with {len(bufs)} buffers")
+        pos, kd = tiered.decode(a, bufs[0], e.n_changed, e.params, tiered.MANTISSA_BITS[dtype])
+        a[pos] = entropy.float_unkey(entropy.float_key(a[pos]) + kd)
     else:
         raise IntegrityError(f"{e.name}: unknown method {e.method!r}")
 
@@ -188,7 +217,7 @@ def apply(state: State | None, payload: Payload) -> State:
             t = torch.empty(e.shape, dtype=dtype)
         bufs = [payload.buffers[i] for i in e.buffers]
         try:
-            _apply_tensor(bits(t), e, bufs, t.is_floating_point())
+            _apply_tensor(bits(t), e, bufs, t.dtype)
         except (ValueError, zstandard.ZstdError) as err:
             raise IntegrityError(f"{e.name}: corrupt stream: {err}") from err
         out[e.name] = t

@@ -1,0 +1,190 @@
+"""The delta codec's "tiered" method: sparse float changes coded given the receiver's base.
+
+In a low-precision RL update most weights change only when their fp32 master crosses a
+rounding boundary (a chance of about |step| / ulp per step), but the smallest weights have an
+ulp below the step and change on nearly every step, by many ulps. benchmarks/delta_context.py
+measured it on SmolLM2-135M (bf16, AdamW lr 1e-6): the ~0.6% of weights below 2^-11 or so
+are 30-90% of the changed elements, and coding which elements changed given the old
+exponent costs 2-6 bits per change instead of 8-9. The receiver holds the old values, so:
+
+- Tier S is every element whose old magnitude is below a bound the encoder picks per tensor
+  (an exponent threshold, from exact counts of the changed elements and a strided sample of
+  all of them). Both sides list S with one pass over the base (`small_positions`). Within S
+  the encoder sends which elements changed, or which did not where that is fewer, as
+  gap-coded ranks in S.
+- Tier R (the rest) sends its changed positions as gap-coded ranks among the elements not
+  in S, so the dense S does not lengthen its gaps.
+- Values are the key differences (as in "sparse"), zigzagged in the dtype's width, S's
+  first, ordered by old exponent (an order both sides can compute, so zstd's per-block
+  Huffman tables see one exponent's values at a time), then R's; their byte planes (low
+  bytes, then high) in one zstd frame. No bit packing: as small as exponent classes plus
+  raw low bits on these updates, and several times faster.
+All streams go in one buffer (fewer 64-byte frame paddings); their lengths are params.
+Not covered: non-float dtypes and float formats outside MANTISSA_BITS ("sparse" codes them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import zstandard
+
+from traingym.weights import entropy
+
+MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23, torch.float64: 52}
+SAMPLE = 1 << 11  # elements sampled per tensor to estimate the exponent histogram
+CHUNK = 1 << 19  # elements per step of the pass over the base (stays in cache)
+MIN_GAIN = 0.02  # a tier must save this fraction of the estimated position bits
+
+
+def _mag_mask(a: np.ndarray):
+    return a.dtype.type(np.iinfo(a.dtype).max >> 1)
+
+
+def exponents(x: np.ndarray, mbits: int) -> np.ndarray:
+    """The exponent field of float bit patterns (same unsigned dtype)."""
+    return (x & _mag_mask(x)) >> x.dtype.type(mbits)
+
+
+def small_positions(a: np.ndarray, bound: int) -> np.ndarray:
+    """Sorted indices of the elements whose magnitude bits are below `bound`: one pass over
+    `a`, in cache-sized chunks with reused temporaries."""
+    mag, bound = _mag_mask(a), a.dtype.type(bound)
+    if a.size <= CHUNK:
+        return np.flatnonzero((a & mag) < bound)
+    tmp, hit, out = np.empty(CHUNK, a.dtype), np.empty(CHUNK, bool), []
+    for i in range(0, a.size, CHUNK):
+        x = a[i : i + CHUNK]
+        np.bitwise_and(x, mag, out=tmp[: x.size])
+        np.less(tmp[: x.size], bound, out=hit[: x.size])
+        out.append(np.flatnonzero(hit[: x.size]) + i)
+    return np.concatenate(out)
+
+
+def _counts_ok(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.int64) if x.dtype.itemsize == 8 else x  # bincount refuses uint64
+
+
+def _xlog(x: np.ndarray) -> np.ndarray:
+    return x * np.log2(np.maximum(x, 1.0))  # 0 for x <= 1: counts, or estimates of them
+
+
+def _cost(s: np.ndarray, hs: np.ndarray, big_n: float, n: float) -> np.ndarray:
+    """Zeroth-order position bits for each threshold T, given the element counts s[T] and
+    changed counts hs[T] below it: m*H(k/m) for each tier, as m log m - k log k - (m-k) log(m-k)."""
+    r, hr = np.maximum(big_n - s, 0.0), n - hs
+    return (_xlog(s) - _xlog(hs) - _xlog(s - hs)) + (_xlog(r) - _xlog(hr) - _xlog(r - hr))
+
+
+def plan(a: np.ndarray, e_changed: np.ndarray, mbits: int) -> tuple[int, np.ndarray | None]:
+    """-> (T, S): the exponent threshold with the lowest estimated position cost and the
+    sorted positions of the elements below it; (0, None) when no tier saves MIN_GAIN.
+    Changed elements are counted exactly, the others from a strided sample; the pass then
+    lists S, whose exact counts may lower T (on the real workload the sample's choice was the
+    exact optimum for 218 of 222 tensors, see benchmarks/delta_context.py)."""
+    n_e = 1 << (8 * a.itemsize - 1 - mbits)
+    hit = np.bincount(_counts_ok(e_changed), minlength=n_e).astype(np.float64)
+    hs = np.concatenate([[0.0], np.cumsum(hit)])  # hs[T]: changed elements with exponent < T
+    n, big_n = float(e_changed.size), float(a.size)
+    sample = exponents(a[:: max(1, a.size // SAMPLE)], mbits)
+    cnt = np.maximum(np.bincount(_counts_ok(sample), minlength=n_e) * (big_n / sample.size), hit)
+    guess = int(np.argmin(_cost(np.concatenate([[0.0], np.cumsum(cnt)]), hs, big_n, n)))
+    if guess == 0:
+        return 0, None
+    small = small_positions(a, guess << mbits)
+    e_small = exponents(a[small], mbits)
+    exact = np.bincount(_counts_ok(e_small), minlength=guess)[:guess]
+    cost = _cost(np.concatenate([[0.0], np.cumsum(exact)]), hs[: guess + 1], big_n, n)
+    best = int(np.argmin(cost))
+    if best == 0 or cost[best] >= (1 - MIN_GAIN) * cost[0]:
+        return 0, None
+    return best, small if best == guess else np.compress(e_small < best, small)
+
+
+def _rice(ranks: np.ndarray) -> tuple[list[bytes], int, int]:
+    g = entropy.gaps(ranks)
+    k = entropy.best_k(g)
+    unary, low, esc, n_esc = entropy.rice_encode(g, k)
+    return [unary, low, esc], k, n_esc
+
+
+def _unrice(unary, low, esc, n: int, k: int, limit: int) -> np.ndarray:
+    gaps = entropy.rice_decode(unary, low, esc, n, k)
+    ranks = (np.cumsum(gaps + np.uint64(1)) - np.uint64(1)).view(np.int64)
+    if ranks.size and (ranks[-1] >= limit or ranks[-1] < 0):
+        raise ValueError("rank out of range")
+    return ranks
+
+
+def zigzag(d: np.ndarray) -> np.ndarray:
+    """W-bit wrapped differences (unsigned) -> W-bit zigzag, minus 1 (d is never 0): +1 and
+    -1 become 1 and 0, small magnitudes stay small."""
+    sd = d.view(f"i{d.itemsize}")
+    return ((sd << 1) ^ (sd >> (8 * d.itemsize - 1))).view(d.dtype) - d.dtype.type(1)
+
+
+def unzigzag(z: np.ndarray) -> np.ndarray:
+    z = z + z.dtype.type(1)
+    return ((z >> z.dtype.type(1)).view(f"i{z.itemsize}")
+            ^ -(z & z.dtype.type(1)).view(f"i{z.itemsize}")).view(z.dtype)
+
+
+def encode(a: np.ndarray, b: np.ndarray, pos: np.ndarray, e_pos: np.ndarray, kd: np.ndarray,
+           threshold: int, S: np.ndarray, zc) -> tuple[bytes, tuple[int, ...]]:
+    """-> (the one buffer, params). pos: changed positions (sorted); e_pos: their old
+    exponents; kd: their key differences, W-bit wrapped (never 0); threshold and S from
+    `plan`."""
+    in_s = e_pos < threshold  # (index arrays below: numpy's boolean indexing is slower)
+    i_s, i_r = np.flatnonzero(in_s), np.flatnonzero(~in_s)
+    ranks = np.searchsorted(S, pos[i_s])  # where S's changed elements sit in S
+    mode = int(2 * ranks.size > S.size)  # 1: send the unchanged ones of S
+    if mode:
+        unchanged = np.ones(S.size, bool)
+        unchanged[ranks] = False
+        ranks = np.flatnonzero(unchanged)
+    s_streams, k_s, esc_s = _rice(ranks)
+    pos_r = pos[i_r]
+    r_streams, k_r, esc_r = _rice(pos_r - np.searchsorted(S, pos_r))
+    order = i_s[np.argsort(e_pos[i_s], kind="stable")]
+    z = zigzag(np.concatenate([kd[order], kd[i_r]]))
+    planes = z.view(np.uint8).reshape(-1, z.itemsize).T.copy()  # low bytes, then high
+    streams = [*s_streams, *r_streams, zc.compress(planes.data)]
+    params = (threshold, mode, ranks.size, k_s, esc_s, k_r, esc_r, *(len(x) for x in streams[:-1]))
+    return b"".join(streams), params
+
+
+def decode(a: np.ndarray, buf, n_changed: int, params: tuple[int, ...], mbits: int):
+    """-> (changed positions: S's, then R's; their key differences in that order, W-bit).
+    Raises ValueError on a stream that does not fit the base."""
+    if len(params) != 13:
+        raise ValueError(f"tiered entry has {len(params)} params, not 13")
+    threshold, mode, n_coded, k_s, esc_s, k_r, esc_r, *lens = params
+    if not (0 < threshold <= 1 << (8 * a.itemsize - 1 - mbits) and mode in (0, 1)
+            and 0 <= min(k_s, k_r) and max(k_s, k_r) < 64 and min(n_coded, esc_s, esc_r) >= 0
+            and min(lens) >= 0 and sum(lens) <= len(buf) and 0 < n_changed <= a.size):
+        raise ValueError("tiered params out of range")
+    cuts = np.cumsum([0, *lens, len(buf) - sum(lens)])
+    u_s, l_s, e_s, u_r, l_r, e_r, values_z = (buf[cuts[i] : cuts[i + 1]] for i in range(7))
+    S = small_positions(a, threshold << mbits)
+    ranks = _unrice(u_s, l_s, e_s, n_coded, k_s, S.size)
+    if mode:
+        keep = np.ones(S.size, bool)
+        keep[ranks] = False
+        pos_s = np.compress(keep, S)
+    else:
+        pos_s = S[ranks]
+    n_r = n_changed - pos_s.size
+    if n_r < 0:
+        raise ValueError("more changes in tier S than in the tensor")
+    r = _unrice(u_r, l_r, e_r, n_r, k_r, a.size - S.size)
+    pos_r = r + np.searchsorted(S - np.arange(S.size), r, side="right")
+    w = a.itemsize
+    planes = zstandard.ZstdDecompressor().decompress(values_z, max_output_size=n_changed * w)
+    if len(planes) != n_changed * w:
+        raise ValueError(f"value stream holds {len(planes)} bytes, not {n_changed * w}")
+    kd = unzigzag(np.frombuffer(planes, np.uint8).reshape(w, -1).T.copy().view(a.dtype)
+                  .reshape(-1))
+    order = np.argsort(exponents(a[pos_s], mbits), kind="stable")
+    kd_s = np.empty(pos_s.size, a.dtype)
+    kd_s[order] = kd[: pos_s.size]
+    return np.concatenate([pos_s, pos_r]), np.concatenate([kd_s, kd[pos_s.size :]])
