@@ -326,3 +326,9 @@ def test_best_k_is_near_the_best_rice_parameter(mean):
     v = np.random.default_rng(1).geometric(1 / (mean + 1), 50_000).astype(np.uint64) - np.uint64(1)
     costs = [entropy.rice_cost(v, k) for k in range(40)]
     assert entropy.rice_cost(v, entropy.best_k(v)) <= 1.01 * min(costs)
+
+
+@given(st.integers(0, 5000), st.sampled_from([0.0, 0.001, 0.05, 0.5, 1.0]), st.integers(0, 99))
+def test_flatnonzero_sparse_matches_numpy(n, density, seed):
+    m = (np.random.default_rng(seed).random(n + 3) < density)[3:]  # not 8-byte aligned
+    assert np.array_equal(tiered.flatnonzero_sparse(m), np.flatnonzero(m))

@@ -40,7 +40,7 @@ def changes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
         pos = np.flatnonzero(a != b)
         return pos, a[pos], b[pos]
     a64, b64 = a.view(np.uint64), b.view(np.uint64)
-    words = np.flatnonzero(a64 != b64)
+    words = tiered.flatnonzero_sparse(a64 != b64)
     aw, bw = a64[words].view(a.dtype), b64[words].view(a.dtype)  # lane j: element word*per+j
     lanes = np.flatnonzero(aw != bw)  # sorted
     shift = per.bit_length() - 1  # per is 2, 4 or 8

@@ -161,6 +161,14 @@ def rice_cost(v: np.ndarray, k: int) -> int:
     return int(np.minimum(q, QMAX).sum()) + v.size + k * (v.size - esc) + 32 * esc
 
 
+def rice_k(mean: float) -> int:
+    """The best Rice parameter for geometrically distributed values of this mean (Kiely,
+    "Selecting the Golomb parameter in Rice coding", 2004)."""
+    if mean <= 0:
+        return 0
+    return max(0, 1 + int(np.floor(np.log2(_LOG_PHI_1 / np.log(mean / (mean + 1))))))
+
+
 def best_k(v: np.ndarray) -> int:
     """The Rice parameter with the smallest cost on a sample of v: the optimum for a
     geometric distribution of the sample's mean (Kiely's formula) and its two neighbours,
@@ -168,10 +176,7 @@ def best_k(v: np.ndarray) -> int:
     if v.size == 0:
         return 0
     sample = v[:: max(1, v.size // _SAMPLE)]
-    mean = float(sample.mean())
-    k0 = 0
-    if mean > 0:
-        k0 = max(0, 1 + int(np.floor(np.log2(_LOG_PHI_1 / np.log(mean / (mean + 1))))))
+    k0 = rice_k(float(sample.mean()))
     ks = np.arange(max(0, k0 - 1), min(63, k0 + 2), dtype=np.uint64)
     q = sample[None, :] >> ks[:, None]
     esc = np.count_nonzero(q >= QMAX, axis=1)
