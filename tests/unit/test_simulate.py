@@ -121,6 +121,14 @@ def test_sync_env_pool_closed_form():
     assert r.env_wait_s == pytest.approx(sum(waits) / rows, rel=1e-9)
 
 
+def test_an_env_timeout_caps_the_slowest_sample():
+    tail = dict(QUIET, env_median_s=0.1, env_sigma=2.0)
+    free, capped = (simulate(SimConfig(mode="sync", env_timeout_s=t, **tail)) for t in (0, 0.3))
+    gen = 0.01 + 0.001 * 32
+    assert max(free.step_seconds) > gen + 0.3 + 0.21  # sigma 2: some step's slowest is > 0.3 s
+    assert max(capped.step_seconds) == pytest.approx(gen + 0.3 + 0.21, rel=1e-9)
+
+
 def test_more_env_workers_never_lower_throughput():
     tail = dict(QUIET, env_median_s=0.1, env_sigma=1.0, steps=30, train_s=0.1)
     sync = [simulate(SimConfig(mode="sync", env_workers=w, **tail)).seconds_per_step
@@ -161,6 +169,9 @@ def test_data_parallel_train_time_and_all_reduce_term():
                     grad_bytes=14e9, allreduce_bytes_per_s=40e9)
     assert allreduce_seconds(cfg) == pytest.approx(2 * 7 / 8 * 14e9 / 40e9)
     assert train_seconds(cfg) == pytest.approx(0.5 + 64 * 16 * 1500 / (5000 * 8) + 0.6125)
+    nodes = replace(cfg, trainer_gpus=16, node_gpus=8, internode_bytes_per_s=1e10)
+    assert allreduce_seconds(nodes) == pytest.approx(2 * 15 / 16 * 14e9 / 1e10)
+    assert allreduce_seconds(replace(nodes, trainer_gpus=8)) == allreduce_seconds(cfg)
     one = SimConfig(grad_bytes=14e9, trainer_gpus=1)
     assert allreduce_seconds(one) == 0.0 and train_seconds(one) == one.train_s
     quiet = {k: v for k, v in QUIET.items() if k != "train_s"}

@@ -8,14 +8,15 @@ What it models, mirroring async_loop.py and cluster/engine_process.py:
   engine's aggregate decode rate at large batch, by one sequence's rate at small batch (each
   term 0 when its rate is 0). Before each batch an engine applies the newest weights that
   have arrived (apply_s; an idle engine applies them on arrival);
-- environments: every sample's step takes lognormal(median env_median_s, sigma env_sigma)
-  after its batch ends, in a pool of env_workers slots (0: unlimited): steps queue FIFO for
-  the first free slot; a group is done when its slowest sample is;
+- environments: every sample's step takes lognormal(median env_median_s, sigma env_sigma),
+  cut at env_timeout_s, after its batch ends, in a pool of env_workers slots (0: unlimited):
+  steps queue FIFO for the first free slot; a group is done when its slowest sample is;
 - the trainer: trainer_gpus data-parallel ranks; a step takes train_s + tokens of the step /
   (train_tokens_per_s_per_gpu x ranks) + a ring all-reduce of grad_bytes,
-  2 (N - 1) / N x grad_bytes / allreduce_bytes_per_s. It waits for prompts_per_step groups
-  in arrival order, drops the ones older than max_staleness, trains, publishes for publish_s
-  (blocked);
+  2 (N - 1) / N x grad_bytes / bandwidth (allreduce_bytes_per_s within a node,
+  internode_bytes_per_s once N > node_gpus), not overlapped with compute. It waits for
+  prompts_per_step groups in arrival order, drops the ones older than max_staleness, trains,
+  publishes for publish_s (blocked);
 - weight sync: a version of weight_bytes reaches the engines over a link of link_bytes_per_s
   and link_latency_s, fanned out as `fanout`: "broadcast" is a pipelined binary tree (the
   payload crosses each link once at full rate, one latency per tree level:
@@ -29,7 +30,8 @@ What it models, mirroring async_loop.py and cluster/engine_process.py:
   to the engine holding the fewest; dropped prompts are redone;
 - sync: every engine generates its share of the step's groups in one batch, the envs run,
   the trainer waits for the slowest sample, trains, publishes, and the weights reach the
-  engines before the next step (colocated: set engines = trainer_gpus, the same GPUs).
+  engines and are applied before the next step (colocated: engines = trainer_gpus, the same
+  GPUs taking turns).
 With the defaults (unlimited pool, one trainer rank, no token rates) results are those of
 the earlier version of this file bit for bit (tests/unit/test_simulate.py pins them).
 size_cluster() searches the trainer/engine split of a GPU budget (and the env pool it needs).
@@ -72,6 +74,7 @@ class SimConfig:
     warmup: int = 3
     seed: int = 0
     env_workers: int = 0  # env slots (sandboxes) shared by all engines; 0: unlimited
+    env_timeout_s: float = 0.0  # an env step is cut here (the sandbox's wall limit); 0: none
     completion_tokens: int = 0  # tokens per completion, for the decode-rate terms
     engine_tokens_per_s: float = 0.0  # one engine's decode rate at full batch; 0: not modelled
     seq_tokens_per_s: float = 0.0  # one sequence's decode rate alone; 0: no latency floor
@@ -80,7 +83,9 @@ class SimConfig:
     train_tokens_per_sample: int = 0  # prompt + completion tokens trained per sample
     train_tokens_per_s_per_gpu: float = 0.0  # 0: the compute term is not modelled
     grad_bytes: float = 0.0  # gradient bytes all-reduced once per step
-    allreduce_bytes_per_s: float = 1e11  # ring bus bandwidth per rank
+    allreduce_bytes_per_s: float = 1e11  # ring bus bandwidth per rank within a node
+    node_gpus: int = 0  # GPUs per node; 0: the trainer is in one node
+    internode_bytes_per_s: float = 0.0  # ring bus bandwidth of a trainer over several nodes
     fanout: str = "broadcast"  # "broadcast" | "sender"
     publish_waits_for_link: bool = False
 
@@ -109,9 +114,12 @@ def decode_seconds(cfg: SimConfig, rows: int) -> float:
 
 
 def allreduce_seconds(cfg: SimConfig) -> float:
-    """Ring all-reduce of the gradients over trainer_gpus ranks."""
+    """Ring all-reduce of the gradients over trainer_gpus ranks, at the bandwidth of the
+    ring's slowest link (the network once the trainer spans nodes)."""
     n = cfg.trainer_gpus
-    return 2 * (n - 1) / n * cfg.grad_bytes / cfg.allreduce_bytes_per_s
+    spans = cfg.node_gpus and n > cfg.node_gpus
+    rate = cfg.internode_bytes_per_s if spans else cfg.allreduce_bytes_per_s
+    return 2 * (n - 1) / n * cfg.grad_bytes / rate
 
 
 def train_seconds(cfg: SimConfig) -> float:
@@ -157,28 +165,30 @@ class _Pool:
         self.free = [0.0] * cfg.env_workers  # heap of the times each slot frees
         self.offset = 0.0  # added to the times recorded (sync: times from the step's start)
         self.busy = _Busy()
-        self.waits: list[tuple[float, float]] = []  # (arrival, wait)
+        self.waits: list[tuple[float, float, int]] = []  # (arrival, summed wait, steps)
 
     def reset(self, offset: float) -> None:
         self.free, self.offset = [0.0] * self.cfg.env_workers, offset
 
     def group(self, t: float, n: int) -> float:
         """n env steps arrive at t; returns when the slowest ends."""
-        cfg = self.cfg
-        times = [cfg.env_median_s * math.exp(cfg.env_sigma * self.rng.gauss(0, 1))
-                 for _ in range(n)]
+        cfg, gauss = self.cfg, self.rng.gauss
+        times = [cfg.env_median_s * math.exp(cfg.env_sigma * gauss(0, 1)) for _ in range(n)]
+        if cfg.env_timeout_s:
+            times = [min(x, cfg.env_timeout_s) for x in times]
+        at = self.offset + t
         if not self.free:
-            for x in times:
-                self.busy.add(self.offset + t, self.offset + t + x)
+            self.busy.start.extend([at] * n)
+            self.busy.end.extend([at + x for x in times])
             return t + max(times)
-        done = t
+        free, starts = self.free, []
         for x in times:
-            start = max(t, self.free[0])
-            heapq.heapreplace(self.free, start + x)
-            self.busy.add(self.offset + start, self.offset + start + x)
-            self.waits.append((self.offset + t, start - t))
-            done = max(done, start + x)
-        return done
+            starts.append(max(t, free[0]))
+            heapq.heapreplace(free, starts[-1] + x)
+        self.busy.start.extend([self.offset + s for s in starts])
+        self.busy.end.extend([self.offset + s + x for s, x in zip(starts, times)])
+        self.waits.append((at, sum(s - t for s in starts), n))
+        return max(s + x for s, x in zip(starts, times))
 
 
 def simulate(cfg: SimConfig) -> SimResult:
@@ -200,7 +210,8 @@ def _sync(cfg: SimConfig) -> SimResult:
             batch = cfg.gen_fixed_s + cfg.gen_row_s * rows + decode_seconds(cfg, rows)
             gen.add(t, t + batch)
             wait = max(wait, pool.group(batch, rows))
-        steps.append(wait + train_seconds(cfg) + cfg.publish_s + link_seconds(cfg))
+        steps.append(wait + train_seconds(cfg) + cfg.publish_s + link_seconds(cfg)
+                     + cfg.apply_s)
         idle.append(wait)
         t += steps[-1]
     return _result(cfg, steps, idle, 0, [0.0], gen, pool)
@@ -350,14 +361,15 @@ def _result(cfg, steps, idle, dropped, staleness, gen, pool, stalled=False) -> S
     t0 = sum(steps[: cfg.warmup])
     t1 = t0 + total
     env_busy = pool.busy.seconds(t0, t1) / total
-    waits = [w for t, w in pool.waits if t0 <= t < t1]
+    waits = [(w, n) for t, w, n in pool.waits if t0 <= t < t1]
     return SimResult(sum(timed_idle) / total,
                      len(timed) * cfg.prompts_per_step * cfg.group_size / total,
                      total / len(timed), dropped, sum(staleness) / max(len(staleness), 1),
                      steps, engine_util=gen.seconds(t0, t1) / (total * cfg.engines),
                      env_busy=env_busy,
                      env_util=env_busy / cfg.env_workers if cfg.env_workers else 0.0,
-                     env_wait_s=sum(waits) / max(len(waits), 1), stalled=stalled)
+                     env_wait_s=sum(w for w, _ in waits) / max(sum(n for _, n in waits), 1),
+                     stalled=stalled)
 
 
 @dataclass(frozen=True)
@@ -365,21 +377,23 @@ class Plan:
     gpus: int
     trainer_gpus: int
     engines: int
-    env_workers_needed: int  # smallest pool within pool_tolerance of the given pool's samples/s
+    env_workers_needed: int  # smallest pool within pool_tolerance of the given pool's
+                             # samples/s (to pool_resolution); the given pool if not searched
     result: SimResult  # with the given pool
     tried: tuple[tuple[int, float], ...]  # (trainer_gpus, samples/s) of every split simulated
 
 
 def size_cluster(base: SimConfig, gpus: int, *, step: int = 1, gpus_per_engine: int = 1,
-                 pool_tolerance: float = 0.02) -> Plan:
+                 pool_tolerance: float | None = 0.02, pool_resolution: float = 0.05) -> Plan:
     """The split of `gpus` that maximises trained samples/s for `base` (its staleness bound,
     workload and env pool), then the smallest env pool that keeps within pool_tolerance of it.
 
     sync: colocated, no split: every GPU trains and generates (trainer_gpus = gpus, engines =
     gpus / gpus_per_engine). async: trainer_gpus in multiples of `step` (8: whole nodes),
     the rest engines of gpus_per_engine GPUs; searched coarse to fine (9 points, then the
-    neighbourhood of the best), which assumes one peak. The pool search is a bisection, which
-    assumes more workers never lower samples/s (true up to the simulator's seeded noise).
+    neighbourhood of the best), which assumes one peak. The pool search (skipped when
+    pool_tolerance is None) is a bisection down to pool_resolution of the pool, which assumes
+    more workers never lower samples/s (true up to the simulator's seeded noise).
     """
     def run(trainer: int, engines: int, workers: int) -> SimResult:
         return simulate(replace(base, trainer_gpus=trainer, engines=engines,
@@ -411,9 +425,9 @@ def size_cluster(base: SimConfig, gpus: int, *, step: int = 1, gpus_per_engine: 
         best = seen[options[i]]
         tried = tuple(sorted((t, r.samples_per_s) for t, r in seen.items()))
     needed = base.env_workers
-    if needed:  # smallest pool within tolerance: bisection over [1, the given pool]
+    if needed and pool_tolerance is not None:  # bisection over [1, the given pool]
         lo = 1
-        while lo < needed:
+        while needed - lo > pool_resolution * needed:
             mid = (lo + needed) // 2
             if run(*split, mid).samples_per_s >= (1 - pool_tolerance) * best.samples_per_s:
                 needed = mid
