@@ -10,6 +10,7 @@ surrogate, bf16 states). For each chosen step, in bits per changed element:
   given the old bf16 exponent (every exponent its own Bernoulli, which the receiver can
   compute from its base); with two tiers split at the best exponent threshold (what the
   "tiered" method models); and the codec's position streams as sent.
+- tier S: the share of elements below the codec's thresholds, and of the changes in it.
 - values (key differences): the per-tensor empirical entropy; given the old exponent; the
   codec's value stream as sent; and the alternative it replaced (exponent class through zstd
   plus raw low bits, in the same order).
@@ -65,7 +66,8 @@ def measure(old, new) -> dict:
     zc = zstandard.ZstdCompressor(level=1)
     payload = DeltaCodec().encode(old, new)
     r = dict.fromkeys(["n", "N", "pos_h0", "pos_row", "pos_col", "pos_exp", "pos_2tier",
-                       "pos_codec", "val_h0", "val_exp", "val_codec", "val_classes"], 0.0)
+                       "pos_codec", "val_h0", "val_exp", "val_codec", "val_classes",
+                       "tier_s", "changed_in_s"], 0.0)
     for e in payload.header.tensors:
         a, b = bits(old[e.name]), bits(new[e.name])
         if a.dtype != np.uint16 or e.method in ("same", "raw", "xor"):
@@ -92,6 +94,8 @@ def measure(old, new) -> dict:
             pos_bytes = sum(e.params[7:])
             val_bytes = bufs[0].nbytes - pos_bytes
             in_s = e_pos < e.params[0]
+            r["tier_s"] += int(count[: e.params[0]].sum())
+            r["changed_in_s"] += int(in_s.sum())
             order = np.concatenate([np.flatnonzero(in_s)[np.argsort(e_pos[in_s], kind="stable")],
                                     np.flatnonzero(~in_s)])
         else:
@@ -121,6 +125,9 @@ def main():
         f = {k: v / r["n"] for k, v in r.items()}
         print(f"step {i}: {100 * r['n'] / r['N']:.2f}% of the sparse-coded bf16 elements changed; "
               "bits per changed element")
+        print(f"  tier S (below the tiered tensors' thresholds): "
+              f"{100 * r['tier_s'] / r['N']:.2f}% of the elements, "
+              f"{100 * r['changed_in_s'] / r['n']:.0f}% of the changes")
         print("  positions: zeroth-order {pos_h0:.2f}  per row {pos_row:.2f}  per column "
               "{pos_col:.2f}  given old exponent {pos_exp:.2f}  two tiers {pos_2tier:.2f}  "
               "codec {pos_codec:.2f}".format(**f))

@@ -46,8 +46,8 @@ import torch  # noqa: E402
 import zstandard  # noqa: E402
 
 torch.set_num_threads(1)
-from traingym.weights import entropy  # noqa: E402
-from traingym.weights.codecs import DeltaCodec, apply, changed_positions  # noqa: E402
+from traingym.weights import entropy, tiered  # noqa: E402
+from traingym.weights.codecs import DeltaCodec, apply, changed_positions, changes  # noqa: E402
 from traingym.weights.frame import frame_size, seal  # noqa: E402
 from traingym.weights.hashing import bits, state_hash  # noqa: E402
 
@@ -165,7 +165,12 @@ def section_throughput(old, new, repeat: int = 5) -> dict:
         reset()
         apply(work, payload)
 
+    pairs = [(bits(old[k]), bits(new[k])) for k in sorted(new)]
+    tiers = [(bits(old[e.name]), e.params[0] << tiered.MANTISSA_BITS[old[e.name].dtype])
+             for e in payload.header.tensors if e.method == "tiered"]
     timed = {"memcpy": lambda: np.copyto(dst, big), "reset": reset,
+             "pass_changed": lambda: [changes(a, b) for a, b in pairs],
+             "pass_small": lambda: [tiered.small_positions(a, bound) for a, bound in tiers],
              "encode": lambda: codec.encode(old, new), "decode": decode,
              "hash": lambda: state_hash(new)}
     best = {k: [float("inf"), float("inf")] for k in timed}
@@ -179,6 +184,11 @@ def section_throughput(old, new, repeat: int = 5) -> dict:
     out = {"model_bytes": model_bytes, "repeat": repeat, "load_before": load_before,
            "load_after": os.getloadavg(),
            "density": sum(e.n_changed for e in payload.header.tensors) / (model_bytes / 2)}
+    out["encode_passes_s_cpu"] = {"changed_words": best["pass_changed"][1],
+                                  "small_magnitudes": best["pass_small"][1]}
+    print(f"  encode's two passes (CPU s): changed words {best['pass_changed'][1]:.3f}, "
+          f"small magnitudes {best['pass_small'][1]:.3f} (the decoder makes the second)",
+          flush=True)
     for i, clock in enumerate(("wall", "cpu")):
         enc, h = best["encode"][i], best["hash"][i]
         dec = best["decode"][i] - best["reset"][i]
@@ -379,6 +389,9 @@ def main() -> None:
                     help="1 Gbit/s link: veth + tc in a network namespace (needs root), a "
                          "rate-limited loopback relay, or netns where it works")
     ap.add_argument("--repeat", type=int, default=5, help="timed runs per throughput figure")
+    ap.add_argument("--timed-step", type=int, default=0,
+                    help="the step the throughput and tcp sections time (default: the one "
+                         "closest to 1%% changed)")
     ap.add_argument("--cache", help="folder to save the bf16 states in on the first run and "
                     "load them from on later runs with the same --steps and --lr")
     ap.add_argument("--out", default="/tmp/weight_sync_results.json")
@@ -397,7 +410,7 @@ def main() -> None:
         res["compress"] = section_compress(states)
         densities = [r["density"] for r in res["compress"]["steps"]]
     # the step closest to 1% density stands for "realistic" in the timed sections
-    mid = int(np.argmin([abs(d - 0.01) for d in densities])) + 1
+    mid = args.timed_step or int(np.argmin([abs(d - 0.01) for d in densities])) + 1
     res["timed_step"], res["timed_density"] = mid, densities[mid - 1]
     old, new = states[mid - 1], states[mid]
     del states
