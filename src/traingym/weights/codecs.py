@@ -4,11 +4,12 @@ delta, per tensor, picks the smallest of:
 - sparse: changed positions, gap-coded and Rice-coded; values as the integer difference of
   order-preserving bit keys (so +-1 ulp, across zero too, is a small number), zigzagged,
   coded as an exponent class (zstd: its Huffman stage) plus raw low bits. Positions and
-  values are separate streams. This is where 1-3%-dense RL updates land.
-- tiered (bf16, fp16, fp32, fp64; tiered.py): sparse, but the positions are split by the old
-  value's magnitude, which the receiver holds: the smallest weights change on nearly every
-  step and cost almost nothing to locate. The encoder uses it for a tensor when it estimates
-  a saving, "sparse" otherwise (both stay decodable).
+  values are separate streams. Integer tensors, and float ones where "tiered" saves nothing.
+- tiered (bf16, fp16, fp32, fp64; tiered.py): positions split by the old value's magnitude,
+  which the receiver holds (the smallest weights change on nearly every step and cost almost
+  nothing to locate); values as byte planes through zstd, ordered by old exponent. Where
+  0.4-5%-dense bf16 RL updates land. The encoder uses it for a tensor when it estimates a
+  saving; both methods stay decodable.
 - xor: old ^ new, split into byte planes, zstd. For dense changes with large differences.
 - raw: the new bytes. Never worse than a full send of that tensor.
 Bit-exact for every dtype (floats get the key map, others are coded as plain integers):
@@ -101,7 +102,8 @@ class FullCodec:
 
 @register_codec("delta")
 class DeltaCodec:
-    """Sparse / xor / raw per tensor, whichever is smallest. zstd `level` for the zstd parts."""
+    """Tiered or sparse / xor / raw per tensor, whichever is smallest. zstd `level` for the
+    zstd parts."""
 
     type = "delta"
 

@@ -5,9 +5,12 @@ Rice coding splits each value v into a quotient q = v >> k, written in unary, an
 bits. The unary parts and the fixed-width parts go to separate bit streams, so that both
 encoding and decoding are a handful of numpy passes (no per-element Python). A quotient of
 QMAX or more is an escape: the value is stored whole in a third stream, which bounds the
-cost of the rare long gap. For geometric gaps Rice codes with the best k are within about
-3% of the entropy; they do not adapt within a tensor (a clustered tensor pays for that).
-Values use exponent classes (bit length, entropy-coded by the caller) plus raw low bits.
+cost of the rare long gap. For geometric gaps Rice codes with the best k (`rice_k`, Kiely's
+formula, or `best_k`'s search around it) are within about 3% of the entropy; they do not
+adapt within a tensor (a clustered tensor pays for that). The "sparse" method's values use
+exponent classes (bit length, entropy-coded by the caller) plus raw low bits. Bit streams are
+packed into 64-bit words with shifts (`pack_fixed`: groups of 64 k-bit fields fill exactly k
+words; `pack_bits`: variable lengths via offsets), the same bits np.packbits would give.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 In a low-precision RL update most weights change only when their fp32 master crosses a
 rounding boundary (a chance of about |step| / ulp per step), but the smallest weights have an
 ulp below the step and change on nearly every step, by many ulps. benchmarks/delta_context.py
-measured it on SmolLM2-135M (bf16, AdamW lr 1e-6): the ~0.6% of weights below 2^-11 or so
-are 30-90% of the changed elements, and coding which elements changed given the old
-exponent costs 2-6 bits per change instead of 8-9. The receiver holds the old values, so:
+measured it on SmolLM2-135M (bf16, AdamW lr 1e-6): after the first step, the 0.3-0.6% of
+weights below about 2^-11 are 30-90% of the changed elements, and which elements changed
+costs 1.6-5.7 bits per change given the old exponent instead of 7.9-8.9. The receiver holds
+the old values, so:
 
 - Tier S is every element whose old magnitude is below a bound the encoder picks per tensor
   (an exponent threshold, from exact counts of the changed elements and a strided sample of
@@ -17,8 +18,8 @@ exponent costs 2-6 bits per change instead of 8-9. The receiver holds the old va
 - Values are the key differences (as in "sparse"), zigzagged in the dtype's width, S's
   first, ordered by old exponent (an order both sides can compute, so zstd's per-block
   Huffman tables see one exponent's values at a time), then R's; their byte planes (low
-  bytes, then high) in one zstd frame. No bit packing: as small as exponent classes plus
-  raw low bits on these updates, and several times faster.
+  bytes, then high) in one zstd frame. No bit packing on either side, and on these updates
+  no larger than exponent classes plus raw low bits (delta_context.py compares the two).
 All streams go in one buffer (fewer 64-byte frame paddings); their lengths are params.
 Not covered: non-float dtypes and float formats outside MANTISSA_BITS ("sparse" codes them).
 """
@@ -35,10 +36,10 @@ MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23, torch.
 SAMPLE = 1 << 10  # elements sampled per tensor to estimate the exponent histogram
 CHUNK = 1 << 19  # elements per step of the pass over the base (stays in cache)
 MIN_GAIN = 0.02  # a tier must save this fraction of the estimated position bits
-# Each element of S costs both sides time (listing, ranks) whether it changed or not; priced
-# in bits so that a huge S for a small saving is not chosen. On the benchmark's first AdamW
-# step (4.5% changed, where most weights moved by one ulp) 0.1 halved the encode time for
-# 2.4% more bytes; on the later steps it changed sizes by under 0.1%.
+# Each element of S costs both sides time (listing, ranks) whether it changed or not, so the
+# threshold's cost counts it at S_PRICE bits: S then holds the elements that nearly always
+# change, and on a first AdamW step (most weights moved by one ulp, where a split saves ~10%
+# of the position bits at best) the tier does not list most of the model.
 S_PRICE = 0.1
 
 
