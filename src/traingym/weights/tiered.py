@@ -53,8 +53,8 @@ def exponents(x: np.ndarray, mbits: int) -> np.ndarray:
 
 
 def flatnonzero_sparse(m: np.ndarray) -> np.ndarray:
-    """np.flatnonzero for a contiguous, mostly False bool array, about 1.5-2x faster below 5%
-    True: the nonzero 8-byte words first, then the lanes within them."""
+    """np.flatnonzero for a mostly False bool array, faster than it when few are True: the
+    nonzero 8-byte words first, then the lanes within them."""
     n8 = m.size & ~7
     if n8 < 512:
         return np.flatnonzero(m)
@@ -104,8 +104,8 @@ def plan(a: np.ndarray, e_changed: np.ndarray, mbits: int) -> tuple[int, np.ndar
     """-> (T, S): the exponent threshold with the lowest estimated position cost and the
     sorted positions of the elements below it; (0, None) when no tier saves MIN_GAIN.
     Changed elements are counted exactly, the others from a strided sample; the pass then
-    lists S, whose exact counts may lower T (on the real workload the sample's choice was the
-    exact optimum for 218 of 222 tensors, see benchmarks/delta_context.py)."""
+    lists S, whose exact counts may lower T (a sample misjudges the rare small exponents of a
+    large tensor, such as the embedding)."""
     n_e = 1 << (8 * a.itemsize - 1 - mbits)
     hit = np.bincount(_counts_ok(e_changed), minlength=n_e).astype(np.float64)
     hs = np.concatenate([[0.0], np.cumsum(hit)])  # hs[T]: changed elements with exponent < T
@@ -127,8 +127,7 @@ def plan(a: np.ndarray, e_changed: np.ndarray, mbits: int) -> tuple[int, np.ndar
 
 def _rice(ranks: np.ndarray) -> tuple[list[bytes], int, int]:
     g = entropy.gaps(ranks)
-    # the mean gap needs no pass; on the benchmark's states this k changed payload sizes by
-    # under 0.01% against entropy.best_k's search
+    # Kiely's k for the mean gap, known without a pass (the gaps are close to geometric)
     k = entropy.rice_k((int(ranks[-1]) + 1 - ranks.size) / ranks.size) if ranks.size else 0
     unary, low, esc, n_esc = entropy.rice_encode(g, k)
     return [unary, low, esc], k, n_esc
