@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from traingym.weights import entropy, tiered
 from traingym.weights.base import IntegrityError, Payload
-from traingym.weights.codecs import DeltaCodec, FullCodec, apply, changed_positions
+from traingym.weights.codecs import DeltaCodec, FullCodec, apply, changed_positions, changes
 from traingym.weights.frame import from_buffer, seal, to_bytes, verify_body
 from traingym.weights.hashing import bits, state_hash
 
@@ -165,6 +165,13 @@ def test_changed_positions_matches_naive():
     assert np.array_equal(changed_positions(a, b), np.sort(idx))
     a4, b4 = a[:100000], b[:100000]
     assert np.array_equal(changed_positions(a4, b4), np.flatnonzero(a4 != b4))
+    for dt in (np.uint8, np.uint32, np.uint64):  # 8, 2 and 1 lanes per word
+        x = rng.integers(0, 200, 40000).astype(dt)
+        y = x.copy()
+        y[rng.choice(x.size, 500, replace=False)] += dt(1)
+        pos, x_pos, y_pos = changes(x, y)
+        assert np.array_equal(pos, np.flatnonzero(x != y))
+        assert np.array_equal(x_pos, x[pos]) and np.array_equal(y_pos, y[pos])
 
 
 @given(st.lists(st.integers(0, 2**64 - 1), max_size=300))
