@@ -25,7 +25,7 @@ class TensorEntry:
     name: str
     dtype: str  # torch dtype name without the "torch." prefix, e.g. "bfloat16"
     shape: tuple[int, ...]
-    method: str  # "raw" (all bytes) | "same" (unchanged) | "sparse" | "xor"
+    method: str  # "raw" (all bytes) | "same" (unchanged) | "sparse" | "tiered" | "xor"
     buffers: tuple[int, ...] = ()
     n_changed: int = 0
     params: tuple[int, ...] = ()  # method-specific integers (e.g. Rice parameters)
