@@ -78,7 +78,10 @@ def train(config: Config | dict | str | Path | None = None, *, dataset=None, eva
             show(_format("after", after))
     finally:  # the engine side, transports and sandbox pools are released on errors too
         run.progress.close()
-        run.close()
+        try:
+            run.close()
+        finally:
+            run.trainer.close()  # data-parallel ranks (trainer/distributed.py)
     report = eval_report(before, after, cfg.eval.metric) if has_eval else {}
     if report.get("delta"):
         d = report["delta"]

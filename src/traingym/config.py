@@ -71,6 +71,36 @@ class TrainerConfig(_Strict):
     clip_high: float = Field(0.28, ge=0, description="PPO ratio clip above 1 (DAPO clip-higher)")
     kl_coef: float = Field(0.0, ge=0, description="weight of k3 KL to the initial model; 0 = off")
     normalize_std: bool = Field(False, description="divide advantages by the group std")
+    data_parallel: int = Field(1, ge=1, description="trainer ranks (world size): rank 0 in "
+                               "this process, the others local processes (cluster.type "
+                               "'local') or Ray actors ('ray'); each trains on whole groups "
+                               "of the batch, gloo on CPU (trainer/distributed.py)")
+    parallelism: Literal["ddp", "fsdp2"] = Field(
+        "ddp", description="with data_parallel > 1: 'ddp' (a replica per rank, gradients "
+        "all-reduced) or 'fsdp2' (torch fully_shard: parameters and optimizer state sharded)")
+    dist_timeout_s: float = Field(300.0, gt=0, description="with data_parallel > 1: a rank "
+                                  "that does not answer (or a collective that does not "
+                                  "finish) within this long fails the step")
+
+    @model_validator(mode="after")
+    def _parallel(self) -> TrainerConfig:
+        if self.data_parallel == 1:
+            if {"parallelism", "dist_timeout_s"} & self.model_fields_set:
+                raise ValueError("trainer.parallelism and dist_timeout_s apply only with "
+                                 "trainer.data_parallel > 1")
+            return self
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            raise ValueError("trainer.data_parallel > 1 needs torch.distributed, which this "
+                             "torch build lacks")
+        if self.parallelism == "fsdp2":
+            try:
+                from torch.distributed.fsdp import fully_shard  # noqa: F401
+            except ImportError as e:
+                raise ValueError("trainer.parallelism='fsdp2' needs torch.distributed.fsdp."
+                                 f"fully_shard (torch >= 2.6); this torch has none: {e}") from e
+        return self
 
 
 class EvalConfig(_Strict):
@@ -173,6 +203,9 @@ class ClusterConfig(_Strict):
     sandbox_resources: dict[str, float] = Field(
         default_factory=dict, description="ray: extra resources each sandbox worker asks for "
         "(a custom resource of the CPU nodes keeps them off the engines' nodes)")
+    trainer_resources: dict[str, float] = Field(
+        default_factory=dict, description="ray: extra resources each trainer rank actor "
+        "(ranks 1.. of trainer.data_parallel) asks for beside one CPU; rank 0 is the driver")
 
     @model_validator(mode="after")
     def _ray_only(self) -> ClusterConfig:
@@ -180,9 +213,11 @@ class ClusterConfig(_Strict):
             raise ValueError("cluster.type='ray' needs cluster.address (the head's host:port, "
                              "or 'auto')")
         if self.type == "local" and (self.address or self.engine_resources or self.py_modules
-                                     or self.sandbox_workers or self.sandbox_resources):
-            raise ValueError("cluster.address, engine_resources, py_modules and sandbox_* "
-                             "apply only with cluster.type='ray'")
+                                     or self.sandbox_workers or self.sandbox_resources
+                                     or self.trainer_resources):
+            raise ValueError("cluster.address, engine_resources, py_modules, "
+                             "trainer_resources and sandbox_* apply only with "
+                             "cluster.type='ray'")
         if self.sandbox_resources and not self.sandbox_workers:
             raise ValueError("cluster.sandbox_resources needs cluster.sandbox_workers > 0")
         return self

@@ -33,7 +33,8 @@ from traingym.observability.events import RunLog
 from traingym.observability.progress import Progress
 from traingym.rollout.runner import EpisodeLimits, RolloutRunner
 from traingym.rollout.torch_engine import TorchEngine
-from traingym.trainer.torch_trainer import TorchTrainer
+from traingym.trainer.base import Trainer
+from traingym.trainer.build import build_trainer
 from traingym.types import SamplingParams
 from traingym.weights.colocated import ColocatedSync
 
@@ -147,7 +148,7 @@ class Run:
     run_dir: Path
     inputs: Inputs
     tokenizer: Any
-    trainer: TorchTrainer
+    trainer: Trainer
     engine: TorchEngine
     factory: EnvFactory
     rollouts: RolloutRunner
@@ -219,8 +220,7 @@ def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_datas
     model, tok = load_policy(cfg.model.path, seed=cfg.seed)
     dtype = torch.bfloat16 if cfg.model.engine_dtype == "bfloat16" else torch.float32
     engine = TorchEngine(copy.deepcopy(model), tok.pad_token_id, cfg.rollout.max_batch_rows, dtype)
-    trainer = TorchTrainer(model, cfg.trainer, cfg.rollout.temperature, tok.pad_token_id,
-                           importance=cfg.async_ if cfg.mode == "async" else None)
+    trainer = build_trainer(cfg, model, tok.pad_token_id)  # trainer/build.py
     renderer = PromptRenderer(tok, cfg.task.prefill, cfg.task.system_prompt)
     factory = (BoundFactory(inputs.env, renderer) if inputs.env is not None
                else SingleTurnFactory(inputs.reward_fn, renderer))

@@ -14,8 +14,11 @@ twice, final weights hash-verified.
 With `cluster.sandbox_workers`, a code task's sandboxed grading runs in a sandbox worker on
 the head node (the only one with a `sandbox_node` resource), not on the engine's node.
 
+With `trainer.data_parallel = 2`, rank 1 is an actor on the other node: DDP over gloo between
+the nodes equals one process; and the whole async loop runs with it.
+
 The cluster tests skip when ray is not installed (the `ray` extra). Not covered: more than one
-engine, a trainer actor, a killed node or sandbox worker.
+engine, a killed node, sandbox worker or trainer rank actor.
 """
 
 from __future__ import annotations
@@ -285,3 +288,56 @@ def test_sandboxed_code_runs_on_the_sandbox_node(two_nodes, tmp_path):
     assert workers[0]["sessions"] >= graded, workers[0]
     # (sessions may still be open: prompts dispatched ahead are being graded at the end)
     assert workers[0]["pools"]["bwrap"]["acquired"] == workers[0]["sessions"]
+
+
+@pytest.mark.slow
+def test_data_parallel_ranks_on_two_nodes_equal_one_process(two_nodes):
+    """Rank 0 in the driver (head node), rank 1 a Ray actor pinned to the worker node; DDP
+    over gloo between the nodes gives one process's update on the whole batch."""
+    import copy
+
+    import ray
+    from dp_batches import RTOL, close, rel
+    from dp_batches import batch as make_batch
+
+    from traingym.models.loader import load_policy
+    from traingym.trainer.build import build_trainer
+    from traingym.trainer.torch_trainer import TorchTrainer
+
+    model, tok = load_policy("tiny", seed=3)
+    cfg = _cfg(1, {"type": "ray", "address": two_nodes,
+                   "trainer_resources": {"engine_node": 1.0}})
+    cfg.trainer.data_parallel, cfg.trainer.micro_batch_groups = 2, 2
+    ref = TorchTrainer(copy.deepcopy(model), cfg.trainer, cfg.rollout.temperature,
+                       tok.pad_token_id, importance=cfg.async_)  # async: IS-corrected
+    dp = build_trainer(cfg, copy.deepcopy(model), tok.pad_token_id)
+    try:
+        ranks = dp.ranks
+        assert ranks[0]["node"] is not None and ranks[1]["node"] != ranks[0]["node"], ranks
+        for step in range(2):
+            got, want = dp.train_step(make_batch(step)), ref.train_step(make_batch(step))
+            for k in ("loss", "grad_norm", "trained_tokens"):
+                assert close(got[k], want[k]), (step, k, got[k], want[k])
+        assert rel(dp.export(), ref.export()) < RTOL
+    finally:
+        dp.close()
+    assert not ray.is_initialized()  # the trainer joined the cluster, so it left it
+
+
+@pytest.mark.slow
+def test_async_run_with_a_data_parallel_trainer_on_ray(two_nodes, tmp_path):
+    """The whole async loop with trainer.data_parallel = 2: rank 1 an actor on the head, the
+    engine on the worker node; every prompt trained once, final weights hash-verified."""
+    steps = 3
+    cfg = _cfg(steps, {"type": "ray", "address": two_nodes,
+                       "engine_resources": {"engine_node": 1.0},
+                       "trainer_resources": {"sandbox_node": 1.0}})
+    cfg.trainer.data_parallel = 2
+    result = traingym.train(cfg, run_dir=tmp_path / "run", progress=False)
+    events = read_events(tmp_path / "run")
+    assert [e["step"] for e in events] == list(range(1, steps + 1))
+    assert all(e["trained_tokens"] > 0 for e in events)
+    trained = [i for e in events for i in e["prompt_indices"]]
+    assert len(trained) == len(set(trained))
+    final = result.final_metrics["async_final_weights"]
+    assert final[0]["version"] == steps and final[0]["node"] != final[0]["trainer_node"]

@@ -19,3 +19,11 @@ class Trainer(Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+    # what checkpoint.py saves and loads: the full model and an optimizer keyed like it
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def close(self) -> None:
+        """Release what the trainer holds (data-parallel ranks); idempotent."""
+        ...

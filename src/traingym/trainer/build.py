@@ -1,0 +1,17 @@
+"""The run's trainer from its config: one process (TorchTrainer), or data-parallel ranks
+(DistributedTrainer) when `trainer.data_parallel > 1`."""
+
+from __future__ import annotations
+
+from traingym.config import Config
+
+
+def build_trainer(cfg: Config, model, pad_token_id: int):
+    if cfg.trainer.data_parallel > 1:
+        from traingym.trainer.distributed import DistributedTrainer
+
+        return DistributedTrainer(model, cfg, pad_token_id)
+    from traingym.trainer.torch_trainer import TorchTrainer
+
+    return TorchTrainer(model, cfg.trainer, cfg.rollout.temperature, pad_token_id,
+                        importance=cfg.async_ if cfg.mode == "async" else None)

@@ -1,0 +1,288 @@
+"""Data-parallel trainer over processes (`trainer.data_parallel = W > 1`), DDP or FSDP2 on gloo.
+
+Rank 0 is this (the driver) process; ranks 1..W-1 are local worker processes
+(trainer/local_ranks.py) or, with `cluster.type = "ray"`, Ray actors in a placement group
+(trainer/ray_ranks.py). The interface is TorchTrainer's: `train_step(batch)`, `export()`,
+`.model` / `.optimizer` (what checkpoint.py saves and loads), `close()`.
+
+A step: the batch's groups are split into W contiguous runs of whole groups (rank 0 takes
+the first); each worker gets its groups (token-id lists, pickled over its pipe or the Ray
+call) and the batch's total policy-token count; every rank runs forward/backward on its
+groups, DDP all-reduces or FSDP2 reduce-scatters the gradients over gloo, and every rank takes
+the same clipped AdamW step (trainer/rank.py tells how the ranks' collectives are kept
+identical). The parameters after a step equal a single process's on the whole batch up to
+float rounding (tests/trainer/test_distributed_trainer.py). Loss, KL, entropy, clip fraction
+and importance figures are summed over ranks; grad_norm is the global norm.
+
+Rank 0's weights and optimizer: under DDP `.model` and `.optimizer` are rank 0's replica and
+its AdamW. Under FSDP2 each access after a step gathers the full state to rank 0 into a
+plain copy of the model and an AdamW keyed like a single process's (so checkpoint.py reads
+and writes the same files for every W and parallelism); `export()` gathers the full weights.
+Whatever is loaded into `.model` / `.optimizer` (a resumed checkpoint) is pushed to every
+rank before the next `train_step` or `export()`; a change is detected by the tensors'
+identities and version counters, so changes made through a reference kept past the next
+step are not seen.
+
+Failures: a worker that raises answers with its traceback and leaves the group, one that
+dies closes its gloo pairs; rank 0's collective then fails at once and `train_step` raises
+TrainerRankError naming the rank and the cause. A worker that hangs makes rank 0's
+collective (or its wait for the answer) fail after `trainer.dist_timeout_s`. After any
+failure the trainer is closed (workers killed, group destroyed); the run can resume from
+its last checkpoint.
+
+Not covered: GPUs/NCCL, tensor or pipeline parallelism, restarting a dead rank, uneven
+token loads (groups are split by count, not by tokens), a driver that already holds a
+torch.distributed default group (refused). Rank 0 keeps the driver's torch threads; workers
+use `threads` or cores / W.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from traingym.config import Config
+from traingym.trainer.rank import (Rank, RankSpec, build_replica, fqn_optimizer_state,
+                                   indexed_optimizer_state, manifest, tied_names,
+                                   trainable_names)
+from traingym.trainer.torch_trainer import batch_tokens, check_finite, empty_metrics, make_optimizer
+from traingym.types import Batch
+
+GRACE_S = 5.0  # after rank 0 fails, how long a worker's own error report may take to arrive
+START_S = 120.0  # a worker's start (spawn, import torch and transformers, build the model)
+
+
+class TrainerRankError(RuntimeError):
+    """A worker rank of the data-parallel trainer failed; the message names rank and cause."""
+
+
+def split_groups(batch: Batch, world: int) -> list[tuple[list, list]]:
+    """W contiguous runs of whole groups (sizes differ by at most one; some may be empty)."""
+    n = len(batch.groups)
+    cuts = [n * r // world for r in range(world + 1)]
+    return [(batch.groups[a:b], batch.advantages_G[a:b]) for a, b in zip(cuts, cuts[1:])]
+
+
+def fingerprint(model, optimizer) -> tuple:
+    """Identity, storage and version counter of every parameter, buffer and optimizer state
+    tensor, and the optimizer's hyperparameters: changes when either is loaded or edited."""
+    tensors = [*model.parameters(), *model.buffers()]
+    states = [v for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+    hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    return ([(id(t), t.data_ptr(), t._version) for t in tensors + states], repr(hyper))
+
+
+def _is_comm_error(err: BaseException) -> bool:
+    """A failed or timed-out gloo collective (gloo raises RuntimeError naming itself)."""
+    return isinstance(err, dist.DistError) or (type(err) is RuntimeError and "gloo" in str(err))
+
+
+class DistributedTrainer:
+    def __init__(self, model, cfg: Config, pad_token_id: int):
+        t = cfg.trainer
+        if dist.is_initialized():
+            raise RuntimeError("trainer.data_parallel > 1: this process already holds a "
+                               "torch.distributed default group; the trainer needs its own")
+        if getattr(model, "config", None) is None:
+            raise TypeError("trainer.data_parallel > 1 rebuilds the model in each worker from "
+                            "type(model)(model.config): it needs a Hugging Face model")
+        self.cfg, self.world, self.parallelism = t, t.data_parallel, t.parallelism
+        self.closed, self._handed = False, None
+        self.ties = tied_names(model)  # FSDP2's gathered state unties them; export re-ties
+        if cfg.cluster.type == "ray":
+            from traingym.trainer.ray_ranks import RayPlacement  # late: local never imports ray
+
+            self.placement = RayPlacement(cfg.cluster, t.dist_timeout_s)
+            threads = cfg.threads or 1
+        else:
+            from traingym.trainer.local_ranks import LocalPlacement
+
+            self.placement = LocalPlacement()
+            threads = cfg.threads or max(1, (os.cpu_count() or 1) // self.world)
+        self.handles = []
+        try:
+            store = dist.TCPStore(self.placement.host, 0, self.world, is_master=True,
+                                  timeout=datetime.timedelta(seconds=t.dist_timeout_s),
+                                  wait_for_workers=False)
+            self.spec = RankSpec(
+                self.world, self.placement.host, store.port, t.parallelism, t.dist_timeout_s,
+                t, cfg.rollout.temperature, pad_token_id,
+                cfg.async_ if cfg.mode == "async" else None, type(model), model.config,
+                manifest(model), [n for n, p in model.named_parameters() if not p.requires_grad],
+                threads)
+            self.handles = self.placement.start(self.spec)
+            self._finalizer = weakref.finalize(self, _kill, list(self.handles),
+                                               self.placement)
+            self.rank = Rank(self.spec, 0, model)
+            for h in self.handles:
+                kind, info = h.reply(max(START_S, t.dist_timeout_s))
+                if kind != "ok":
+                    raise TrainerRankError(f"trainer rank {h.rank} failed to start: {info}")
+                h.pid, h.node = info["pid"], info["node"]
+            self._everyone("join", lambda: self.rank.join(store))
+        except BaseException:
+            self._abort()
+            raise
+
+    # -- the Trainer protocol ------------------------------------------------------------------
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        self._check_open()
+        total = batch_tokens(batch)
+        if total == 0:
+            return empty_metrics(self.cfg.lr)
+        self._sync_pending()
+        parts = split_groups(batch, self.world)
+        mine, theirs = self._everyone("step", lambda: self.rank.step(*parts[0], total),
+                                      [(g, a, total) for g, a in parts[1:]])
+        stats: dict[str, float] = {}
+        for part in (mine, *theirs):
+            for k, v in part.items():
+                if k != "grad_norm":
+                    stats[k] = stats.get(k, 0.0) + v
+        grad_norm = check_finite(mine["grad_norm"])  # every rank skipped the step alike
+        return {**stats, "grad_norm": grad_norm, "trained_tokens": total, "lr": self.cfg.lr}
+
+    def export(self) -> dict[str, torch.Tensor]:
+        self._check_open()
+        self._sync_pending()
+        if self.parallelism == "ddp":
+            return self.rank.export()  # rank 0's replica; no collective
+        state = self._everyone("export", self.rank.export)[0]
+        for name, first in self.ties.items():  # one tensor, as the engines' models hold it
+            state[name] = state[first]
+        return state
+
+    @property
+    def model(self):
+        return self._handout()[0]
+
+    @property
+    def optimizer(self):
+        return self._handout()[1]
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def close(self) -> None:
+        """Workers leave the group and exit; rank 0's group is destroyed. Idempotent."""
+        if self.closed:
+            return
+        try:
+            self._everyone("close", self.rank.leave)
+        except BaseException:
+            self._abort()
+            raise
+        for h in self.handles:
+            h.wait_exit(10.0)
+        self._finalizer.detach()
+        self.placement.release()
+        self.closed = True
+
+    @property
+    def ranks(self) -> list[dict]:
+        """Where each rank runs: rank, pid, node (Ray node id; None locally)."""
+        return [{"rank": 0, "pid": os.getpid(), "node": self.placement.driver_node},
+                *({"rank": h.rank, "pid": h.pid, "node": h.node} for h in self.handles)]
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _everyone(self, cmd: str, own, args: list | None = None):
+        """Send `cmd` to every worker, run rank 0's part, collect the answers."""
+        args = args if args is not None else [None] * len(self.handles)
+        for h, a in zip(self.handles, args):
+            h.send(cmd, a)
+        try:
+            mine = own()
+        except BaseException as err:
+            self._fail(cmd, err)
+        replies = [h.reply(self.cfg.dist_timeout_s) for h in self.handles]
+        bad = [(h, r) for h, r in zip(self.handles, replies) if r[0] != "ok"]
+        if bad:
+            self._abort()
+            raise TrainerRankError(self._describe(cmd, bad))
+        return mine, [value for _, value in replies]
+
+    def _fail(self, cmd: str, err: BaseException):
+        """Rank 0's part raised: name a worker that failed or went silent, if one did."""
+        if not isinstance(err, Exception):  # KeyboardInterrupt: no grace period
+            self._abort()
+            raise err
+        replies = [(h, h.reply(GRACE_S)) for h in self.handles]
+        failed = [(h, r) for h, r in replies if r[0] in ("error", "dead")]
+        silent = [(h, r) for h, r in replies if r[0] == "silent"]
+        self._abort()
+        if failed:
+            raise TrainerRankError(self._describe(cmd, failed)) from err
+        if silent and _is_comm_error(err):
+            raise TrainerRankError(self._describe(cmd, silent) + "; rank 0's collective "
+                                   f"failed: {str(err).splitlines()[0]}") from err
+        raise err
+
+    def _describe(self, cmd: str, bad) -> str:
+        return "; ".join(f"trainer rank {h.rank} (pid {h.pid}) {_what(kind)} during {cmd}: "
+                         f"{text}" for h, (kind, text) in bad)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("the data-parallel trainer is closed (after close() or an "
+                               "earlier failure); resume the run from its last checkpoint")
+
+    def _handout(self):
+        self._check_open()
+        if self._handed is None:
+            if self.parallelism == "ddp":
+                model, opt = self.rank.model, self.rank.trainer.optimizer
+            else:
+                model, opt = self._gather_copy()
+            self._handed = (model, opt, fingerprint(model, opt))
+        return self._handed[:2]
+
+    def _gather_copy(self):
+        """FSDP2: the full model and optimizer state on rank 0, as a plain model + AdamW."""
+        full_model, full_optim = self._everyone("gather", self.rank.gather)[0]
+        copy = build_replica(self.spec)
+        copy.load_state_dict(full_model)
+        opt = make_optimizer(copy, self.cfg)
+        opt.load_state_dict(indexed_optimizer_state(full_optim, trainable_names(copy)))
+        return copy, opt
+
+    def _sync_pending(self) -> None:
+        """Push what was loaded into the handed-out model/optimizer to every rank."""
+        if self._handed is None:
+            return
+        model, opt, before = self._handed
+        self._handed = None
+        if fingerprint(model, opt) == before:
+            return
+        model_state = model.state_dict()
+        optim_state = fqn_optimizer_state(opt.state_dict(), trainable_names(model))
+        self._everyone("push", lambda: self.rank.push(model_state, optim_state))
+
+    def _abort(self) -> None:
+        """After a failure: kill the workers, leave the group, release the placement."""
+        self.closed = True
+        _kill(self.handles, self.placement)
+        if hasattr(self, "_finalizer"):
+            self._finalizer.detach()
+        if hasattr(self, "rank"):
+            self.rank.abort()
+
+
+def _what(kind: str) -> str:
+    return {"error": "failed", "dead": "is gone", "silent": "did not answer"}.get(kind, kind)
+
+
+def _kill(handles, placement) -> None:
+    for h in handles:
+        try:
+            h.kill()
+        except Exception:  # a handle already gone; the others must still be killed
+            pass
+    placement.release()

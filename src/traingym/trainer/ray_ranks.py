@@ -1,0 +1,104 @@
+"""Worker ranks of the data-parallel trainer as Ray actors (`cluster.type = "ray"`).
+
+Rank 0 stays in the driver; ranks 1..W-1 are actors in one placement group (PACK), a bundle
+each of one CPU plus `cluster.trainer_resources` (a custom node resource pins them to chosen
+nodes). Each actor runs the same RankServer as a local worker process; rank 0 calls one
+method per command and waits on its result with a timeout. The group's rendezvous is a
+TCPStore on the driver's node IP (ray.util.get_node_ip_address); gloo then connects every
+pair of ranks directly, so the nodes must reach each other (set GLOO_SOCKET_IFNAME where the
+default interface is not the one they share). The driver joins the cluster here when it has
+not yet (with `cluster.py_modules` as runtime_env, as the engines would) and then owns the
+connection: it is shut down when the trainer closes, after the engines.
+
+Not covered: GPUs (bundles ask for CPU only), restarting a dead rank (the run fails; resume
+it from its last checkpoint).
+"""
+
+from __future__ import annotations
+
+import os
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from traingym.trainer.rank import RankServer, RankSpec, describe
+
+
+@ray.remote
+class RankActor:
+    def __init__(self, spec: RankSpec, rank: int):
+        self.server, self.error = None, None
+        try:
+            self.server = RankServer(spec, rank)
+        except Exception as e:  # answered by started(), with the cause
+            self.error = describe(e)
+
+    def started(self):
+        if self.error is not None:
+            return "error", self.error
+        return "ok", {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
+
+    def call(self, cmd: str, arg):
+        return self.server.handle(cmd, arg)
+
+
+class ActorRank:
+    """Rank 0's handle on one rank actor, with ProcessRank's send/reply/kill."""
+
+    def __init__(self, actor, rank: int):
+        self.actor, self.rank, self.pid, self.node = actor, rank, None, None
+        self.pending = actor.started.remote()
+
+    def send(self, cmd: str, arg) -> None:
+        self.pending = self.actor.call.remote(cmd, arg)
+
+    def reply(self, timeout: float):
+        try:
+            kind, value = ray.get(self.pending, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            return "silent", f"no answer within {timeout:.0f}s"
+        except ray.exceptions.RayActorError as e:
+            return "dead", f"actor died: {e}"
+        return kind, value
+
+    def kill(self) -> None:
+        ray.kill(self.actor, no_restart=True)
+
+    def wait_exit(self, timeout: float) -> None:
+        self.kill()
+
+
+class RayPlacement:
+    def __init__(self, cluster, timeout_s: float):
+        self.cluster, self.timeout_s, self.pg = cluster, timeout_s, None
+        self.owns_ray = not ray.is_initialized()
+        if self.owns_ray:
+            env = {"py_modules": list(cluster.py_modules)} if cluster.py_modules else None
+            ray.init(address=cluster.address, runtime_env=env, log_to_driver=True)
+        self.host = ray.util.get_node_ip_address()
+        self.driver_node = ray.get_runtime_context().get_node_id()
+
+    def start(self, spec: RankSpec) -> list[ActorRank]:
+        bundle = {"CPU": 1.0, **self.cluster.trainer_resources}
+        n = spec.world - 1
+        self.pg = placement_group([dict(bundle)] * n, strategy="PACK")
+        ready, _ = ray.wait([self.pg.ready()], timeout=self.timeout_s)
+        if not ready:
+            raise TimeoutError(f"Ray could not place {n} trainer rank bundles of {bundle} "
+                               f"within {self.timeout_s}s (trainer.dist_timeout_s): the "
+                               f"cluster has {ray.available_resources()} free")
+        custom = {k: v for k, v in bundle.items() if k != "CPU"}
+        return [ActorRank(RankActor.options(
+                    num_cpus=1, resources=custom,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        self.pg, placement_group_bundle_index=r - 1)).remote(spec, r), r)
+                for r in range(1, spec.world)]
+
+    def release(self) -> None:
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
+        if self.owns_ray:
+            ray.shutdown()
+            self.owns_ray = False
