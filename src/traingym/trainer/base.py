@@ -1,4 +1,5 @@
-"""The trainer seam: one optimizer step per batch; export weights; save and restore state."""
+"""The trainer seam: one optimizer step per batch; export weights; the model and optimizer
+that checkpoint.py saves and restores."""
 
 from __future__ import annotations
 
@@ -15,10 +16,6 @@ class Trainer(Protocol):
     def export(self) -> dict[str, torch.Tensor]:
         """The current weights, detached, for the rollout engines."""
         ...
-
-    def state_dict(self) -> dict: ...
-
-    def load_state_dict(self, state: dict) -> None: ...
 
     # what checkpoint.py saves and loads: the full model and an optimizer keyed like it
     model: torch.nn.Module

@@ -164,13 +164,6 @@ class DistributedTrainer:
     def optimizer(self):
         return self._handout()[1]
 
-    def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-
     def close(self) -> None:
         """Workers leave the group and exit; rank 0's group is destroyed. Idempotent."""
         if self.closed:
