@@ -40,6 +40,16 @@ from traingym.cluster.local import EngineError, LocalEngines
 from traingym.cluster.ray_sandboxes import RemoteSandboxes, close_workers, start_workers
 
 
+def join_cluster(cluster) -> bool:
+    """Connect this driver to `cluster.address` with `cluster.py_modules` shipped, unless it
+    is connected already; True when this call connected (the caller then shuts Ray down)."""
+    if ray.is_initialized():
+        return False
+    runtime_env = {"py_modules": list(cluster.py_modules)} if cluster.py_modules else None
+    ray.init(address=cluster.address, runtime_env=runtime_env, log_to_driver=True)
+    return True
+
+
 class _ThreadQueue(queue.Queue):
     """The result queue inside an actor. engine_main flushes a multiprocessing queue with
     close() and join_thread() before exiting on an error; a thread queue holds its items
@@ -130,10 +140,7 @@ class _ActorEngine:
 class RayEngines(LocalEngines):
     def __init__(self, run, start_version: int):
         c = run.cfg.cluster
-        self.owns_ray = not ray.is_initialized()
-        if self.owns_ray:
-            runtime_env = {"py_modules": list(c.py_modules)} if c.py_modules else None
-            ray.init(address=c.address, runtime_env=runtime_env, log_to_driver=True)
+        self.owns_ray = join_cluster(c)
         self.tcp_host = ray.util.get_node_ip_address()
         self.trainer_node = ray.get_runtime_context().get_node_id()
         self.bundle = {"CPU": 1.0, **c.engine_resources}

@@ -22,6 +22,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from traingym.cluster.ray import join_cluster
 from traingym.trainer.rank import RankServer, RankSpec, describe
 
 
@@ -72,10 +73,7 @@ class ActorRank:
 class RayPlacement:
     def __init__(self, cluster, timeout_s: float):
         self.cluster, self.timeout_s, self.pg = cluster, timeout_s, None
-        self.owns_ray = not ray.is_initialized()
-        if self.owns_ray:
-            env = {"py_modules": list(cluster.py_modules)} if cluster.py_modules else None
-            ray.init(address=cluster.address, runtime_env=env, log_to_driver=True)
+        self.owns_ray = join_cluster(cluster)
         self.host = ray.util.get_node_ip_address()
         self.driver_node = ray.get_runtime_context().get_node_id()
 
