@@ -1,3 +1,7 @@
+"""Shared test set-up. tests/ is on sys.path (pytest's prepend import mode), so tests import
+their helpers as modules: prereq (a missing package or sandbox backend skips locally and
+fails under CI=true), dp_batches."""
+
 import os
 
 import pytest

@@ -17,7 +17,8 @@ the head node (the only one with a `sandbox_node` resource), not on the engine's
 With `trainer.data_parallel = 2`, rank 1 is an actor on the other node: DDP over gloo between
 the nodes equals one process; and the whole async loop runs with it.
 
-The cluster tests skip when ray is not installed (the `ray` extra). Not covered: more than one
+Without ray installed (the `ray` extra) the cluster tests skip, and fail under CI=true, which
+must run them (tests/prereq.py); so does the sandbox test without a working bwrap. Not covered: more than one
 engine, a killed node, sandbox worker or trainer rank actor.
 """
 
@@ -35,6 +36,7 @@ import time
 from pathlib import Path
 
 import pytest
+from prereq import require, require_sandbox
 
 import traingym
 from traingym.cluster.local import EngineError
@@ -136,8 +138,7 @@ def _stop(proc, temp):
 
 @pytest.fixture(scope="module")
 def two_nodes():
-    pytest.importorskip("ray", reason="the Ray backend needs the `ray` extra "
-                        "(pip install 'traingym[ray]')")
+    require("ray", "the Ray backend needs the `ray` extra (pip install 'traingym[ray]')")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_AUTH_MODE", "disabled")  # 2.60 turns token auth on by default
         mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
@@ -269,9 +270,10 @@ def test_killed_engine_actor_is_restarted_on_its_node(two_nodes, tmp_path, monke
 
 @pytest.mark.slow
 def test_sandboxed_code_runs_on_the_sandbox_node(two_nodes, tmp_path):
-    from traingym.envs.code_env import CodeEnvMaker
+    from traingym.envs.code_env import GRADING_LIMITS, CodeEnvMaker
     from traingym.envs.code_problems import code_rows
 
+    require_sandbox("bwrap", GRADING_LIMITS)  # the nodes run on this machine
     steps = 3
     cfg = _cfg(steps, {"type": "ray", "address": two_nodes,
                        "engine_resources": {"engine_node": 1.0}, "sandbox_workers": 1,

@@ -1,5 +1,7 @@
 """Helpers for the adversarial sandbox suite: every case runs against each backend meant to
-contain it, and is skipped with the reason where the backend is not (see `contains`)."""
+contain it, and is skipped with the reason where the backend is not (`skip_unless`). A backend
+that cannot start here skips every test of it, naming why; under CI an unavailable bwrap (the
+default backend) fails them instead (`backend`, tests/prereq.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import os
 import time
 
 import pytest
+from prereq import require_sandbox
 
 from traingym.sandbox import Limits, open_sandbox
 
@@ -48,6 +51,9 @@ def skip_unless(backend: str, contained_by: tuple[str, ...], reason: str) -> Non
 
 @pytest.fixture(params=["bwrap", "process"])
 def backend(request):
+    """The backend under test; unavailable here, it skips with the reason (fails under CI for
+    the default backend, bwrap: tests/prereq.py)."""
+    require_sandbox(request.param, SMALL)
     return request.param
 
 

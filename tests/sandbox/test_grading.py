@@ -7,10 +7,11 @@ stay usable for an honest solution right after.
 import asyncio
 
 import pytest
+from prereq import require_sandbox
 
 from traingym.envs.code_grader import extract_code, grade, judge, same
 from traingym.envs.code_problems import PROBLEMS_BY_NAME, code_rows
-from traingym.sandbox import Limits, SandboxUnavailable, open_sandbox
+from traingym.sandbox import Limits, open_sandbox
 
 ROW = next(r for r in code_rows() if r["entry"] == "add")
 HONEST = "def add(a, b):\n    return a + b\n"
@@ -70,14 +71,11 @@ def _no_leftovers():
 def sandbox(request):
     """Grading hacks are defeated by the grader's design (inputs in, JSON out, judged on the
     host), not by isolation, so every case also runs on the process backend."""
+    # the process backend cannot limit processes as root (see sandbox/process.py)
+    limits = Limits(cpu_s=2, wall_s=3, processes=None if request.param == "process" else 16)
+    require_sandbox(request.param, limits)  # skips here, fails under CI (tests/prereq.py)
     loop = asyncio.new_event_loop()  # the sandbox's pipes belong to the loop that opened it
-    try:
-        # the process backend cannot limit processes as root (see sandbox/process.py)
-        limits = Limits(cpu_s=2, wall_s=3, processes=None if request.param == "process" else 16)
-        sb = loop.run_until_complete(open_sandbox(request.param, limits))
-    except SandboxUnavailable as e:
-        loop.close()
-        pytest.skip(f"{request.param} unavailable here: {e}")
+    sb = loop.run_until_complete(open_sandbox(request.param, limits))
     yield loop, sb
     loop.run_until_complete(sb.close())
     loop.close()

@@ -1,0 +1,75 @@
+"""What a test needs that this machine may lack (an optional package, a sandbox backend), and one
+rule for when it is missing: locally the test skips, naming what is missing; under CI (the
+environment variable CI is "true", "1" or "yes", as CI services and `CI=true bash .ci/run` set
+it) the same test FAILS with that reason, because CI is meant to run it and a skip there would
+read as a pass.
+
+Imported by tests as `from prereq import require` (tests/ is on sys.path, see tests/conftest.py);
+not in conftest.py itself because tests/sandbox has a conftest.py too and `import conftest`
+would name either.
+
+Not covered: legitimate skips that hold everywhere (the process backend is not a security
+boundary; no GPU) call pytest.skip directly and stay skips under CI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import os
+from typing import NoReturn
+
+import pytest
+
+from traingym.sandbox import DEFAULT_BACKEND, Limits, SandboxUnavailable, open_sandbox
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def missing(reason: str, ci_must_run: bool = True) -> NoReturn:
+    """This test's prerequisite is absent: skip with `reason`, or fail under CI when
+    `ci_must_run`."""
+    if ci_must_run and in_ci():
+        pytest.fail(f"CI must run this test, but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def require(module: str, reason: str):
+    """Import and return `module`; if it is not installed, `missing(reason)`. A module that is
+    installed but fails to import (a missing dependency of its own, a syntax error) raises: that
+    is a broken environment, not an absent extra."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        parts = module.split(".")
+        if e.name not in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
+            raise
+        missing(f"{reason} ({e})")
+
+
+@functools.cache
+def _sandbox_problem(backend: str, limits: Limits) -> str | None:
+    """Why one sandbox of `backend` cannot start here with `limits` (None: it can). Probed once
+    per backend and limits in a test session."""
+
+    async def probe() -> str | None:
+        try:
+            sandbox = await open_sandbox(backend, limits)
+        except SandboxUnavailable as e:
+            return str(e)
+        await sandbox.close()
+        return None
+
+    return asyncio.run(probe())
+
+
+def require_sandbox(backend: str, limits: Limits | None = None) -> None:
+    """Start and close one sandbox of `backend`; if the backend is unavailable here, `missing`
+    with its reason and fix. Under CI only the default backend (bwrap) must be available."""
+    problem = _sandbox_problem(backend, limits or Limits())
+    if problem is not None:
+        missing(f"the {backend} sandbox backend is unavailable here: {problem}",
+                ci_must_run=backend == DEFAULT_BACKEND)
