@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from traingym.envs.base import EnvFactory
 from traingym.envs.group import GroupReward
+from traingym.envs.resources import RunResources
 from traingym.rollout.runner import EpisodeLimits, RolloutRunner
 from traingym.types import SamplingParams
 
@@ -43,15 +44,17 @@ def paired_difference(after: Score, before: Score) -> dict:
 def evaluate(engine, factory: EnvFactory, rows: list[dict], temperature: float,
              samples_per_prompt: int, max_new_tokens: int, stop_ids: tuple[int, ...],
              seed: int, *, tokenizer, limits: EpisodeLimits = EpisodeLimits(),
-             group_reward: GroupReward | None = None) -> dict[str, Score]:
+             group_reward: GroupReward | None = None,
+             resources: RunResources | None = None) -> dict[str, Score]:
     """Greedy (1 sample) and sampled (k samples at `temperature`) mean reward over rows, with
-    the training run's episode limits and group hook (which sees a group of 1 when greedy)."""
+    the training run's episode limits and group hook (which sees a group of 1 when greedy).
+    `resources`: the run's env resources (envs/resources.py); None: each runner its own."""
     out = {}
     for name, temp, k in (("greedy", 0.0, 1), ("sampled", temperature, samples_per_prompt)):
         params = SamplingParams(temperature=temp, max_new_tokens=max_new_tokens,
                                 stop_token_ids=stop_ids)
         runner = RolloutRunner(engine, factory, params, k, tokenizer=tokenizer, limits=limits,
-                               group_reward=group_reward)
+                               group_reward=group_reward, resources=resources)
         try:
             groups = runner.collect(list(enumerate(rows)), seed)
         finally:

@@ -25,6 +25,7 @@ from traingym.envs.base import EnvFactory
 from traingym.envs.datasets import load_rows, validate_rows
 from traingym.envs.multi_turn import BoundFactory
 from traingym.envs.render import PromptRenderer
+from traingym.envs.resources import RunResources
 from traingym.envs.single_turn import SingleTurnFactory
 from traingym.envs.tasks import builtin_task, exact_answer
 from traingym.evaluate import as_dict, evaluate, paired_difference
@@ -159,9 +160,11 @@ class Run:
     eval_stop_ids: tuple[int, ...]  # evaluation always ends at end of turn
     t_start: float = field(default_factory=time.monotonic)
     resumed: dict = field(default_factory=dict)  # the loop state of the checkpoint resumed
+    resources: RunResources = field(default_factory=RunResources)  # envs' pools (envs/resources.py)
 
     def close(self) -> None:
         self.rollouts.close()
+        self.resources.close()  # after every runner of the run closed its loop's part
         self.weights.close()
 
     def maybe_checkpoint(self, step: int, loop_state: dict | None = None) -> bool:
@@ -206,7 +209,7 @@ class Run:
                         self.cfg.eval.samples_per_prompt, r.max_new_tokens, self.eval_stop_ids,
                         seed=self.cfg.seed + 7, tokenizer=self.tokenizer,
                         limits=EpisodeLimits(r.max_turns, r.max_context_tokens),
-                        group_reward=self.inputs.group_reward)
+                        group_reward=self.inputs.group_reward, resources=self.resources)
 
 
 def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_dataset=None,
@@ -237,13 +240,14 @@ def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_datas
         log.truncate_after(start_step)
     weights = ColocatedSync(engine, cfg.weights, dtype, run_dir / "weights")
     weights.publish(trainer.export(), version=start_step)  # a new publisher: an anchor first
+    resources = RunResources()  # this run's env resources, shared by its training and eval runners
     run = Run(cfg, run_dir, inputs, tok, trainer, engine, factory,
               RolloutRunner(engine, factory, params, r.group_size, tokenizer=tok,
                             limits=EpisodeLimits(r.max_turns, r.max_context_tokens),
-                            group_reward=inputs.group_reward), weights,
+                            group_reward=inputs.group_reward, resources=resources), weights,
               DataStream(inputs.train_rows, cfg.seed, position), log,
               Progress(cfg.steps, start_step, enabled=progress), (tok.eos_token_id,),
-              resumed=state)
+              resumed=state, resources=resources)
     return run, start_step
 
 

@@ -1,10 +1,10 @@
-"""An engine that installed a sandbox-worker client gets it from pool_for instead of a local
-pool, for the env's backend and limits; uninstalled, pool_for is local again."""
+"""An engine whose run resources hold a sandbox-worker client gets it from pool_for instead of a
+local pool, for the env's backend and limits; resources without one give a local pool."""
 
 import asyncio
 
 from traingym.envs.code_env import GRADING_LIMITS, pool_for
-from traingym.sandbox import remote
+from traingym.envs.resources import RunResources
 from traingym.sandbox.pool import SandboxPool
 
 
@@ -17,18 +17,16 @@ class Client:
         return "remote pool"
 
 
-def test_pool_for_uses_the_installed_client_then_local_pools_again():
+def test_pool_for_uses_the_runs_client_and_local_pools_without_one():
     client = Client()
 
     async def main():
-        remote.install(client)
-        try:
+        async with RunResources(sandboxes=client):
             assert pool_for("bwrap", GRADING_LIMITS) == "remote pool"
-        finally:
-            remote.install(None)
-        local = pool_for("process", GRADING_LIMITS)
-        assert isinstance(local, SandboxPool)
-        await local.close()
+        async with RunResources() as resources:
+            local = pool_for("process", GRADING_LIMITS)
+            assert isinstance(local, SandboxPool)
+        assert local.closed and resources.closed  # closed with the block
 
     asyncio.run(main())
     assert client.asked == [("bwrap", GRADING_LIMITS)]

@@ -20,7 +20,9 @@ Runs under multiprocessing `spawn` (cluster/local.py starts it). What it does, i
 5. asked for a report at the end of a run, it waits for the final version and sends the hash
    of the weights its model holds (cast as the trainer sends them).
 It exits when told to (None on the request queue), when the trainer's process is gone, or
-with an ("error", traceback) message and a non-zero exit code when anything raises.
+with an ("error", traceback) message and a non-zero exit code when anything raises. Either way
+what its envs kept is closed first: the engine owns its run resources (envs/resources.py: its
+warm sandbox pools, or the sandbox workers' client on a Ray cluster).
 
 With `async.inflight_updates` it also applies them between decode steps of one engine call
 (rollout/torch_engine.py), so a long completion switches weights mid-way, token by token.
@@ -99,6 +101,7 @@ class EngineProcess:
 
         from traingym.envs.multi_turn import BoundFactory
         from traingym.envs.render import PromptRenderer
+        from traingym.envs.resources import RunResources
         from traingym.envs.single_turn import SingleTurnFactory
         from traingym.models.loader import load_policy
         from traingym.rollout.runner import EpisodeLimits, RolloutRunner
@@ -108,10 +111,8 @@ class EngineProcess:
         from traingym.weights.sync import Subscriber
 
         torch.set_num_threads(1)
-        if spec.sandboxes is not None:
-            from traingym.sandbox import remote
-
-            remote.install(spec.sandboxes)
+        # this engine's env resources (envs/resources.py): its own pools, or the workers' client
+        self.resources = RunResources(sandboxes=spec.sandboxes)
         cfg, r = spec.cfg, spec.cfg.rollout
         self.requests, self.results, self.parent = requests, results, os.getppid()
         model, tok = load_policy(cfg.model.path, seed=cfg.seed)
@@ -137,7 +138,7 @@ class EngineProcess:
         self.batcher = _Batcher(self.engine)
         self.runner = RolloutRunner(self.batcher, factory, params, r.group_size, tokenizer=tok,
                                     limits=EpisodeLimits(r.max_turns, r.max_context_tokens),
-                                    group_reward=spec.group_reward)
+                                    group_reward=spec.group_reward, resources=self.resources)
         self.generate_s, self.updates = 0.0, 0
         results.put(("ready", {"pid": os.getpid(), "tokenizer": tokenizer_fingerprint(tok),
                                "version": self.engine.version}))
@@ -179,6 +180,7 @@ class EngineProcess:
         import time
 
         tasks: set[asyncio.Task] = set()
+        self.jobs = tasks  # closed by main() when serving ends
         waiting: deque[Job] = deque()  # sent after weights that have not arrived yet
         while True:
             if os.getppid() != self.parent:
@@ -211,12 +213,27 @@ class EngineProcess:
                 tasks.discard(t)
                 t.result()  # an env or reward that raised stops the engine, loudly
 
+    async def main(self) -> None:
+        """Serve; then, on this loop, end the jobs still running and close what the envs kept
+        (a warm sandbox pool), on an error too."""
+        from traingym.rollout.runner import CLOSE_TIMEOUT_S
+
+        self.jobs: set[asyncio.Task] = set()
+        try:
+            await self.serve()
+        finally:
+            for t in self.jobs:
+                t.cancel()
+            await asyncio.gather(*self.jobs, return_exceptions=True)
+            await asyncio.wait_for(self.resources.close_loop(), CLOSE_TIMEOUT_S)
+            self.resources.close()
+
 
 def engine_main(spec: EngineSpec, requests, results) -> None:
     """Entry point of an engine process."""
     try:
         proc = EngineProcess(spec, requests, results)
-        asyncio.run(proc.serve())
+        asyncio.run(proc.main())
     except BaseException:
         results.put(("error", traceback.format_exc()))
         results.close()

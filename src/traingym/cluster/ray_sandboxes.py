@@ -6,7 +6,8 @@ nodes. `start_workers` places N `SandboxWorker` actors, one CPU each plus
 the nodes that have room. Each worker keeps warm pools (sandbox/pool.py), one per backend and
 limits, on its own node; sandboxed code never runs on the engine's or the trainer's node, and
 a backend the worker's node cannot run raises SandboxUnavailable back in the engine, as
-locally. The engines get a `RemoteSandboxes` client (sandbox/remote.py installs it), which
+locally. Each engine gets a `RemoteSandboxes` client in its run resources (envs/resources.py;
+envs/code_env.py's `pool_for` then hands out the client's pools instead of local ones), which
 opens each session on the worker holding the fewest open sessions of this client.
 
 Results travel back as ExecResult (bytes and numbers; no weights). A worker that dies fails

@@ -6,49 +6,41 @@ optional prefill). The prompt is rendered with the chat template and pre-filled 
 the closing fence. It runs in a sandbox from a warm pool (sandbox/pool.py) and the reward is
 the fraction of hidden tests passed, judged on the host (envs/code_grader.py).
 
-The pool is made on first use, one per event loop, backend and limits, and shared by every env
-of the run (the rollout runner keeps one loop for the whole run); it is closed with the runner. The backend is named
+The pool is made on first use, one per run, event loop, backend and limits (envs/resources.py:
+the run owns it), and shared by every env of the run on that loop (the rollout runner keeps one
+loop for the whole run); it is closed with the runner. The backend is named
 explicitly; "bwrap" is the default. A backend that cannot run raises SandboxUnavailable: code is
 never run on the host instead. On a Ray cluster with `cluster.sandbox_workers`, the sessions
-run on the sandbox workers' CPU nodes instead (cluster/ray_sandboxes.py); this code is the same.
+run on the sandbox workers' CPU nodes instead (cluster/ray_sandboxes.py: the engine's run
+resources hold the workers' client); this code is the same.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 from traingym.envs.code_grader import extract_code, grade
 from traingym.envs.render import PromptRenderer
-from traingym.envs.resources import on_loop_close
-from traingym.sandbox import DEFAULT_BACKEND, Limits, open_sandbox, remote
+from traingym.envs.resources import current
+from traingym.sandbox import DEFAULT_BACKEND, Limits, open_sandbox
 from traingym.sandbox.pool import SandboxPool
 from traingym.types import Completion, Observation, StepResult
 
 GRADING_LIMITS = Limits(cpu_s=2, wall_s=5, memory_bytes=256 << 20, processes=16,
                         file_bytes=1 << 20, output_bytes=256 << 10)
 
-_POOLS: dict[tuple, SandboxPool] = {}
-
 
 def pool_for(backend: str, limits: Limits) -> SandboxPool:
-    """The run's shared pool for this event loop, backend and limits; on a Ray cluster with
-    sandbox workers, their client instead (sandbox/remote.py)."""
-    client = remote.current()
-    if client is not None:
-        return client.pool(backend, limits)
-    key = (asyncio.get_running_loop(), backend, limits)
-    if key not in _POOLS:
-        pool = _POOLS[key] = SandboxPool(lambda: open_sandbox(backend, limits), min_ready=2,
-                                         max_size=8)
-
-        async def close() -> None:
-            del _POOLS[key]
-            await pool.close()
-
-        on_loop_close(close)
-    return _POOLS[key]
+    """The current run's pool for this event loop, backend and limits; when the run's
+    sandboxes run on sandbox workers (a Ray cluster), their client's pool instead."""
+    resources = current()
+    if resources.sandboxes is not None:
+        return resources.sandboxes.pool(backend, limits)
+    return resources.keep_on_loop(
+        ("code_env.pool", backend, limits),
+        lambda: SandboxPool(lambda: open_sandbox(backend, limits), min_ready=2, max_size=8),
+        SandboxPool.close)
 
 
 class CodeEnv:

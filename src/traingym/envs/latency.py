@@ -3,8 +3,10 @@ step first waits (asyncio, so other episodes go on) a lognormal time.
 
 Stands in for a slow verifier, a sandbox or a remote judge in benchmarks and tests. With
 `sigma` 1.0 the p99 wait is about 10x the median (exp(2.33 sigma)). The n-th use of a prompt in
-a process draws its wait from an RNG seeded by (seed, prompt, n), so a sync and an async run
-over the same prompts wait the same times for the same first attempts.
+a run draws its wait from an RNG seeded by (seed, prompt, n), so a sync and an async run over the
+same prompts wait the same times for the same first attempts. The draw counts belong to the
+run (envs/resources.py; in async mode, to each engine process): a second run in the same
+process starts again from n = 0.
 
 Not covered: latency that depends on the completion; waits that block the event loop.
 """
@@ -18,10 +20,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from traingym.envs.resources import current
 from traingym.envs.single_turn import SingleTurnEnv
 from traingym.types import Completion, Observation, StepResult
-
-_uses: Counter = Counter()  # per process: how often each prompt has been drawn
 
 
 @dataclass
@@ -34,8 +35,9 @@ class DelayedReward:
     seed: int = 0
 
     def delay(self, prompt: str) -> float:
-        n = _uses[prompt]
-        _uses[prompt] += 1
+        uses = current().keep(("latency.draws",), Counter)  # how often each prompt was drawn
+        n = uses[prompt]
+        uses[prompt] += 1
         rng = random.Random(f"{self.seed}|{prompt}|{n}")
         return self.median_s * math.exp(self.sigma * rng.gauss(0.0, 1.0))
 

@@ -12,7 +12,9 @@ An episode ends when its env says done, after `max_turns` policy turns, or when 
 observation would leave no room for a policy token under `max_context_tokens`; in the last two
 cases the env's next observation is dropped, so every sample ends with policy tokens. A
 sample's reward is the sum of its episode's step rewards; an optional group hook then rescores
-the G samples of each group together.
+the G samples of each group together. What envs keep across episodes (a warm sandbox pool)
+belongs to the runner's run (envs/resources.py): the runner makes those resources current in
+every episode and closes the part bound to its loop when it closes.
 
 Not covered: continuous batching (a slow env step holds up the next turn of every episode);
 episodes that branch or rewrite their context.
@@ -29,7 +31,7 @@ from typing import Any
 
 from traingym.envs.base import EnvFactory
 from traingym.envs.group import GroupReward, score_group
-from traingym.envs.resources import close_loop_resources
+from traingym.envs.resources import RunResources
 from traingym.envs.transcript import ContextError, Transcript
 from traingym.types import Completion, GenerationRequest, Group, SamplingParams, StepResult
 
@@ -65,8 +67,12 @@ class _Episode:
 class RolloutRunner:
     def __init__(self, engine, factory: EnvFactory, params: SamplingParams, group_size: int, *,
                  tokenizer, limits: EpisodeLimits = EpisodeLimits(),
-                 group_reward: GroupReward | None = None):
+                 group_reward: GroupReward | None = None,
+                 resources: RunResources | None = None):
         self.engine, self.factory = engine, factory
+        # the run's env resources (envs/resources.py), current in every episode; None: own ones
+        self.owns_resources = resources is None
+        self.resources = RunResources() if resources is None else resources
         self.params, self.group_size = params, group_size
         self.tokenizer, self.limits, self.group_reward = tokenizer, limits, group_reward
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -93,16 +99,19 @@ class RolloutRunner:
         return await self._collect(examples, seed)
 
     def close(self) -> None:
-        if self._loop is None:
-            return
-        loop, self._loop = self._loop, None
-        if self._current is not None and not self._current.done():
-            self._current.cancel()  # a collect interrupted by an error or Ctrl-C in the caller
-        for coro in (close_loop_resources(), loop.shutdown_asyncgens()):
-            asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=CLOSE_TIMEOUT_S)
-        loop.call_soon_threadsafe(loop.stop)
-        self._thread.join()
-        loop.close()
+        """Stop the runner's loop, closing what its envs keep on it (the run's resources on
+        this loop); resources the runner made itself are closed whole."""
+        if self._loop is not None:
+            loop, self._loop = self._loop, None
+            if self._current is not None and not self._current.done():
+                self._current.cancel()  # a collect interrupted by an error or Ctrl-C in the caller
+            for coro in (self.resources.close_loop(), loop.shutdown_asyncgens()):
+                asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=CLOSE_TIMEOUT_S)
+            loop.call_soon_threadsafe(loop.stop)
+            self._thread.join()
+            loop.close()
+        if self.owns_resources and not self.resources.closed:
+            self.resources.close()
 
     def _params(self, context_len: int) -> SamplingParams:
         """The sampling params, with max_new_tokens cut to the room left in the context."""
@@ -112,6 +121,10 @@ class RolloutRunner:
         return dataclasses.replace(self.params, max_new_tokens=limit - context_len)
 
     async def _collect(self, examples, seed: int) -> list[Group]:
+        with self.resources.use():  # what the envs keep belongs to this runner's run
+            return await self._collect_groups(examples, seed)
+
+    async def _collect_groups(self, examples, seed: int) -> list[Group]:
         envs = [[self.factory(row) for _ in range(self.group_size)] for _, row in examples]
         obs = [await asyncio.gather(*(e.reset() for e in group)) for group in envs]
         episodes = []
