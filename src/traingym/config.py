@@ -125,7 +125,9 @@ class WeightsConfig(_Strict):
                        "version), 'full' (every byte), or 'auto' (delta unless full is "
                        "predicted faster from measured rates)")
     transport: str = Field("inproc", description="'inproc' (in memory), 'shm' (/dev/shm), "
-                           "'tcp' (loopback sockets) or 'filesystem' (<run dir>/weights)")
+                           "'tcp' (sockets) or 'filesystem' (<run dir>/weights), or a "
+                           "'module:ATTR' path to a transport record (weights/registry.py); "
+                           "'dist' is registered but not selectable in the loop yet")
     anchor_budget: float = Field(1.0, gt=0, description="send a full update (an anchor) once "
                                  "the delta bytes since the last one would pass this x full size")
     timeout_s: float = Field(120.0, gt=0, description="the engine waits at most this long for "
@@ -145,11 +147,13 @@ class WeightsConfig(_Strict):
     @field_validator("transport")
     @classmethod
     def _known_transport(cls, v: str) -> str:
-        from traingym.weights.colocated import transport_choices
+        from traingym.weights import registry
 
-        if v not in transport_choices():
-            raise ValueError(f"unknown transport {v!r} for a colocated run; choose one of "
-                             f"{transport_choices()}")
+        transport = registry.get(v)  # UnknownTransport (a ValueError) names the choices
+        if transport.not_in_loop:
+            raise ValueError(f"weights.transport={v!r} cannot be selected in the training loop:"
+                             f" {transport.not_in_loop}; choose one of "
+                             f"{registry.loop_choices()}")
         return v
 
 
@@ -247,16 +251,21 @@ class Config(_Strict):
     def _async_needs(self) -> Config:
         if self.mode == "sync" and self.async_.model_fields_set:
             raise ValueError("the 'async' section applies only with mode='async'")
-        if self.mode == "async" and self.weights.transport not in ("tcp", "shm", "filesystem"):
+        from traingym.weights import registry
+
+        abilities = registry.get(self.weights.transport).abilities
+        if self.mode == "async" and not abilities.crosses_processes:
             raise ValueError(f"mode='async' runs engines in other processes: weights.transport "
-                             f"must be 'tcp', 'shm' or 'filesystem', not "
+                             f"must be {registry.one_of(registry.able('crosses_processes'))} "
+                             f"(or another that crosses processes), not "
                              f"{self.weights.transport!r}")
         if self.cluster.type == "ray" and self.mode != "async":
             raise ValueError("cluster.type='ray' places engines apart from the trainer: it "
                              "needs mode='async'")
-        if self.cluster.type == "ray" and self.weights.transport != "tcp":
+        if self.cluster.type == "ray" and not abilities.crosses_nodes:
             raise ValueError("cluster.type='ray' sends weights to other nodes: weights.transport"
-                             f" must be 'tcp', not {self.weights.transport!r}")
+                             f" must be {registry.one_of(registry.able('crosses_nodes'))} (or "
+                             f"another that crosses nodes), not {self.weights.transport!r}")
         return self
 
 

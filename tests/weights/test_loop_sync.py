@@ -7,6 +7,8 @@ before any work; a resumed run's publisher starts with an anchor."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -15,7 +17,8 @@ from traingym.config import ConfigError
 from traingym.loop import train_loop
 from traingym.observability.events import read_events
 from traingym.run import build_run
-from traingym.weights.base import RECEIVERS, Payload
+from traingym.weights import registry
+from traingym.weights.base import Payload
 from traingym.weights.colocated import wire_state
 from traingym.weights.frame import seal
 from traingym.weights.hashing import state_hash
@@ -139,8 +142,9 @@ def _flaky(base: type, version: int, reseal: bool) -> type:
 @pytest.mark.parametrize("transport", ["inproc", "tcp"])
 def test_corrupt_payload_resyncs_and_never_serves_wrong_weights(tmp_path, monkeypatch,
                                                                 transport, reseal):
-    flaky = _flaky(RECEIVERS[transport], version=2, reseal=reseal)
-    monkeypatch.setitem(RECEIVERS, transport, flaky)
+    real = registry.get(transport)
+    flaky = _flaky(real.receiver, version=2, reseal=reseal)
+    monkeypatch.setitem(registry.TRANSPORTS, transport, dataclasses.replace(real, receiver=flaky))
     w = Watched(_cfg(transport=transport), tmp_path / "run")
     w.train()
     assert flaky.hits == 1
@@ -158,7 +162,8 @@ def test_corrupt_payload_resyncs_and_never_serves_wrong_weights(tmp_path, monkey
 def test_bad_names_fail_before_work(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown codec 'zip'.*'auto', 'delta', 'full'"):
         traingym.build_config("tiny", overrides={"weights": {"codec": "zip"}})
-    with pytest.raises(ConfigError, match=r"'filesystem', 'inproc', 'shm', 'tcp'"):
+    with pytest.raises(ConfigError, match=r"'dist' cannot be selected in the training loop: "
+                       r"the loop sets up no process group.*'filesystem', 'inproc', 'shm', 'tcp'"):
         traingym.build_config("tiny", overrides={"weights": {"transport": "dist"}})
     with pytest.raises(ConfigError, match="unknown key 'weights.port'"):
         traingym.build_config("tiny", overrides={"weights": {"port": 1}})

@@ -4,9 +4,10 @@ only through the weight-sync Subscriber (hash-verified), and turn prompts into s
 Runs under multiprocessing `spawn` (cluster/local.py starts it). What it does, in order:
 1. one torch thread; model and tokenizer built from `cfg.model` exactly as the trainer builds
    them, the tokenizer's fingerprint reported so the trainer can check that ids mean the same;
-2. a Subscriber over the run's transport (tcp, shm or filesystem); the engine serves nothing
-   until it holds a verified version >= the one it was started for. Over tcp a lost or stalled
-   link is connected again (weights/sync.py); meanwhile the engine serves its last verified
+2. a Subscriber over the run's transport (its receiver class comes in the spec, from
+   weights/registry.py); the engine serves nothing until it holds a verified version >= the
+   one it was started for. Where the transport reconnects (tcp) a lost or stalled link is
+   connected again (weights/sync.py); meanwhile the engine serves its last verified
    version, and the staleness bound decides whether what it makes is trained on;
 3. a serve loop: take jobs (one prompt each) from its request queue, and start each once the
    engine holds the weights that were newest when it was sent (the trainer publishes before
@@ -56,7 +57,9 @@ class EngineSpec:
     """Everything an engine process needs; picklable (callables must be module-level)."""
 
     cfg: Any  # the run's Config
-    transport: Any  # TcpConfig | ShmConfig | FilesystemConfig, ready to connect
+    transport: Any  # the receivers' transport config (TcpConfig ...), ready to connect
+    receiver: type  # the transport's receiver class (weights/registry.py)
+    reconnects: bool  # its receivers may connect again after a lost link (tcp)
     start_version: int
     reward_fn: Callable | None
     env: Callable | None
@@ -107,7 +110,6 @@ class EngineProcess:
         from traingym.rollout.runner import EpisodeLimits, RolloutRunner
         from traingym.rollout.torch_engine import TorchEngine
         from traingym.types import SamplingParams
-        from traingym.weights.base import RECEIVERS
         from traingym.weights.sync import Subscriber
 
         torch.set_num_threads(1)
@@ -120,9 +122,9 @@ class EngineProcess:
         self.engine = TorchEngine(model, tok.pad_token_id, r.max_batch_rows, dtype)
         self.dtype = dtype
         self.engine.version = -1  # the built weights are never served
-        make, transport = RECEIVERS[spec.transport.type], spec.transport
-        reconnect = ((lambda have: make(transport, have_hash=have)) if transport.type == "tcp"
-                     else None)  # a lost tcp link is connected again, saying what it holds
+        make, transport = spec.receiver, spec.transport
+        reconnect = ((lambda have: make(transport, have_hash=have)) if spec.reconnects
+                     else None)  # a lost link (tcp) is connected again, saying what it holds
         self.subscriber = Subscriber(make(transport), reconnect=reconnect)
         self.timeout_s = cfg.weights.timeout_s
         verified = self.subscriber.wait_for(spec.start_version, self.timeout_s)

@@ -2,10 +2,10 @@
 weight sync.
 
 `LocalEngines` starts `async.engines` engine processes (cluster/engine_process.py), publishes
-the trainer's weights to all of them through one Publisher over the run's transport (tcp,
-shm or filesystem; an anchor before any engine starts, deltas or anchors after each step),
-hands each job (one prompt) to the engine holding the fewest, and returns scored groups as
-they arrive, in arrival order. It knows which engine incarnation holds which job, and accepts
+the trainer's weights to all of them through one Publisher over the run's transport (any
+that crosses processes, weights/registry.py; an anchor before any engine starts, deltas or
+anchors after each step), hands each job (one prompt) to the engine holding the fewest,
+and returns scored groups as they arrive, in arrival order. It knows which engine incarnation holds which job, and accepts
 a result only from that incarnation, so a job is never trained on twice:
 - an engine process that dies is restarted (up to `async.restarts` in the run) and gets its
   predecessor's jobs again; the new process verifies the latest weights' hash before serving.
@@ -41,11 +41,9 @@ import torch
 
 from traingym.cluster.engine_process import EngineSpec, Job, engine_main, tokenizer_fingerprint
 from traingym.config import ConfigError
-from traingym.weights.base import SENDERS
+from traingym.weights import registry
 from traingym.weights.colocated import wire_state
-from traingym.weights.filesystem import FilesystemConfig, ShmConfig
 from traingym.weights.sync import Publisher, PublisherConfig
-from traingym.weights.tcp import TcpConfig
 
 
 class EngineError(RuntimeError):
@@ -76,22 +74,17 @@ class _Handle:
 
 
 def _transport(weights_cfg, run_dir: Path, host: str = "127.0.0.1"):
-    """The transport config for engines in other processes, and the sender over it."""
-    t, tag = weights_cfg.transport, f"engines-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    if t == "tcp":
-        tc = TcpConfig(host=host, port=0, send_timeout_s=weights_cfg.timeout_s,
-                       dead_after_s=weights_cfg.dead_after_s)
-    elif t == "shm":
-        tc = ShmConfig(name=tag, dead_after_s=weights_cfg.dead_after_s)
-    elif t == "filesystem":
-        tc = FilesystemConfig(root=str(run_dir / "weights-engines"),
-                              dead_after_s=weights_cfg.dead_after_s)
-    else:
-        raise ValueError(f"weights.transport={t!r} does not reach other processes")
-    sender = SENDERS[t](tc)
-    if t == "tcp":
-        tc = dataclasses.replace(tc, port=sender.port)
-    return tc, sender
+    """The transport config for engines in other processes, and the sender over it (scratch:
+    `<run dir>/weights-engines`, emptied first)."""
+    t = weights_cfg.transport
+    if not registry.get(t).abilities.crosses_processes:
+        raise ValueError(f"weights.transport={t!r} does not reach other processes; choose "
+                         f"{registry.one_of(registry.able('crosses_processes'))}")
+    scratch = run_dir / "weights-engines"
+    if scratch.exists():
+        shutil.rmtree(scratch)
+    ctx = registry.SyncContext(scratch, f"engines-{os.getpid()}-{uuid.uuid4().hex[:8]}", host)
+    return registry.open_sender(t, weights_cfg, ctx)
 
 
 class LocalEngines:
@@ -102,13 +95,15 @@ class LocalEngines:
         cfg = run.cfg
         self.acfg, self.run_dir = cfg.async_, run.run_dir
         self.dtype = torch.bfloat16 if cfg.model.engine_dtype == "bfloat16" else torch.float32
+        entry = registry.get(cfg.weights.transport)
         self.transport, self.sender = _transport(cfg.weights, run.run_dir, self.tcp_host)
+        self.owned = [run.run_dir / "weights-engines", entry.owned(self.sender)]
         self.publisher = Publisher(self.sender, PublisherConfig(cfg.weights.codec,
                                                                 cfg.weights.anchor_budget))
         self.publish(run.trainer.export(), start_version)  # an anchor before any engine joins
         inputs = run.inputs
-        self.spec = EngineSpec(cfg, self.transport, start_version, inputs.reward_fn, inputs.env,
-                               inputs.group_reward)
+        self.spec = EngineSpec(cfg, self.transport, entry.receiver, entry.abilities.reconnects,
+                               start_version, inputs.reward_fn, inputs.env, inputs.group_reward)
         self.tokenizer = tokenizer_fingerprint(run.tokenizer)
         self.ctx = mp.get_context("spawn")
         self.inbox: queue.Queue = queue.Queue()
@@ -297,6 +292,6 @@ class LocalEngines:
             h.requests.cancel_join_thread()
             h.pump.join(timeout=1.0)  # it returns once the process has ended
         self.sender.close()
-        root = getattr(self.sender, "root", None)
-        if root is not None and Path(root).exists():
-            shutil.rmtree(root)
+        for path in self.owned:
+            if path is not None and path.exists():
+                shutil.rmtree(path)

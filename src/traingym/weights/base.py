@@ -4,8 +4,9 @@ A weight update travels as a `Payload`: an `UpdateHeader` (JSON on the wire) plu
 buffers. `Codec` turns states into payloads and back; `Transport` moves payloads. A state is
 a `dict[str, torch.Tensor]` of contiguous CPU tensors.
 
-Covered: the record types, the codec and transport protocols, the registries, the errors.
-Not covered here: framing (frame.py), hashing (hashing.py), the policies (sync.py).
+Covered: the record types, the codec and transport protocols, the codec registry, the errors.
+Not covered here: framing (frame.py), hashing (hashing.py), the policies (sync.py), the
+transport registry (registry.py).
 """
 
 from __future__ import annotations
@@ -111,23 +112,11 @@ class Receiver(Protocol):
 
 
 CODECS: dict[str, type] = {}
-SENDERS: dict[str, type] = {}
-RECEIVERS: dict[str, type] = {}
 
 
 def register_codec(name: str):
     def deco(cls: type) -> type:
         CODECS[name] = cls
-        return cls
-
-    return deco
-
-
-def register_transport(name: str, role: str):
-    table = SENDERS if role == "sender" else RECEIVERS
-
-    def deco(cls: type) -> type:
-        table[name] = cls
         return cls
 
     return deco

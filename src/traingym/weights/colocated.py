@@ -15,10 +15,11 @@ default): the publisher's shadow (1), the subscriber's state (1), and the transp
 for resyncs, the last anchor plus the deltas since (at most 1 + anchor_budget; on disk for
 filesystem, which also keeps the previous chain until the next anchor).
 
-Transports: inproc (handed over in memory), shm (/dev/shm, removed on close), tcp (loopback
-sockets, a free port), filesystem (`<run dir>/weights`, removed on close).
-Not covered: the dist transport (it needs a process group), engines in other processes (build
-them with weights/config.py's make_publisher / make_subscriber).
+Transports: any the loop can select in the registry (registry.py): inproc (handed over in
+memory), shm (/dev/shm, removed on close), tcp (loopback sockets, a free port), filesystem
+(`<run dir>/weights`, removed on close), or a "module:ATTR" record from another package.
+Not covered: the dist transport (it needs a process group; its registry entry says why),
+engines in other processes (cluster/local.py).
 """
 
 from __future__ import annotations
@@ -33,26 +34,13 @@ from pathlib import Path
 
 import torch
 
-from traingym.weights import filesystem, inproc, tcp
-from traingym.weights.base import CODECS, RECEIVERS, SENDERS, State
+from traingym.weights import registry
+from traingym.weights.base import CODECS, State
 from traingym.weights.sync import Publisher, PublisherConfig, PublishStats, Subscriber
-
-_TRANSPORT_CONFIGS = {
-    "inproc": lambda cfg, tag, root: inproc.InprocConfig(name=tag),
-    "shm": lambda cfg, tag, root: filesystem.ShmConfig(name=tag, dead_after_s=cfg.dead_after_s),
-    "tcp": lambda cfg, tag, root: tcp.TcpConfig(port=0, send_timeout_s=cfg.timeout_s,
-                                                dead_after_s=cfg.dead_after_s),
-    "filesystem": lambda cfg, tag, root: filesystem.FilesystemConfig(
-        root=str(root), dead_after_s=cfg.dead_after_s),
-}
 
 
 def codec_choices() -> list[str]:
     return ["auto", *sorted(CODECS)]
-
-
-def transport_choices() -> list[str]:
-    return sorted(n for n in _TRANSPORT_CONFIGS if n in SENDERS and n in RECEIVERS)
 
 
 def wire_state(state: State, dtype: torch.dtype) -> State:
@@ -76,18 +64,15 @@ class ColocatedSync:
         self.engine, self.cfg, self.dtype = engine, cfg, dtype
         self.scratch_dir = scratch_dir
         self.tag = f"run-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        if cfg.transport == "filesystem" and scratch_dir.exists():
-            shutil.rmtree(scratch_dir)  # frames of an earlier session of this run
-        tc = _TRANSPORT_CONFIGS[cfg.transport](cfg, self.tag, scratch_dir)
-        self.sender = SENDERS[cfg.transport](tc)
-        if cfg.transport == "tcp":
-            tc = dataclasses.replace(tc, port=self.sender.port)
+        transport = registry.get(cfg.transport)
+        _remove(scratch_dir)  # frames of an earlier session of this run
+        tc, self.sender = registry.open_sender(cfg.transport, cfg,
+                                               registry.SyncContext(scratch_dir, self.tag))
         self.publisher = Publisher(self.sender, PublisherConfig(cfg.codec, cfg.anchor_budget))
-        self.subscriber = Subscriber(RECEIVERS[cfg.transport](tc))
+        self.subscriber = Subscriber(transport.receiver(tc))
         self.last: dict = {}
-        owned = self.sender.root if cfg.transport in ("shm", "filesystem") else None
         # Shared memory outlives the process: remove it at exit even if close() is never called.
-        self._cleanup = weakref.finalize(self, _remove, owned)
+        self._cleanup = weakref.finalize(self, _remove, scratch_dir, transport.owned(self.sender))
 
     @property
     def version(self) -> int | None:
@@ -124,6 +109,7 @@ class ColocatedSync:
         self._cleanup()
 
 
-def _remove(path: Path | None) -> None:
-    if path is not None and path.exists():
-        shutil.rmtree(path)
+def _remove(*paths: Path | None) -> None:
+    for path in paths:
+        if path is not None and path.exists():
+            shutil.rmtree(path)

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from traingym.weights.base import Payload, PeerDead, register_transport
+from traingym.weights.base import Payload, PeerDead
 from traingym.weights.frame import from_buffer, to_views
+from traingym.weights.registry import Abilities, Transport
 from traingym.weights.sync import Chain
 
 
@@ -68,7 +69,6 @@ class _Round:
             raise PeerDead(f"torch.distributed {fn.__name__} failed: {err}") from err
 
 
-@register_transport("dist", "sender")
 class DistSender:
     def __init__(self, cfg: DistConfig = DistConfig()) -> None:
         self.cfg, self.chain, self.round = cfg, Chain(), _Round(cfg)
@@ -86,7 +86,6 @@ class DistSender:
         pass
 
 
-@register_transport("dist", "receiver")
 class DistReceiver:
     def __init__(self, cfg: DistConfig = DistConfig()) -> None:
         self.cfg, self.round = cfg, _Round(cfg)
@@ -109,3 +108,14 @@ class DistReceiver:
 
     def close(self) -> None:
         pass
+
+
+TRANSPORT = Transport(
+    "dist", lambda w, ctx: DistConfig(), DistSender, DistReceiver,
+    Abilities(crosses_processes=True, crosses_nodes=True, needs_process_group=True),
+    not_in_loop=(
+        "the loop sets up no process group between the trainer and the engines, and this "
+        "transport does not fit async engines yet: receive() blocks in a collective until the "
+        "next publish (an engine could not generate meanwhile), a gloo/NCCL group has a fixed "
+        "world (a restarted engine cannot rejoin), and trainer.data_parallel ranks already use "
+        "the default group; use it standalone (weights/config.py, tests/weights/test_dist.py)"))

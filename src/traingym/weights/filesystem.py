@@ -28,8 +28,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from traingym.weights.base import Payload, PeerDead, TransportTimeout, register_transport
+from traingym.weights.base import Payload, PeerDead, TransportTimeout
 from traingym.weights.frame import from_buffer, to_views
+from traingym.weights.registry import Abilities, Transport
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,6 @@ def _write_atomic(path: Path, views, fsync: bool) -> None:
     os.replace(tmp, path)
 
 
-@register_transport("filesystem", "sender")
 class FilesystemSender:
     def __init__(self, cfg: FilesystemConfig = FilesystemConfig()) -> None:
         self.cfg, self.root = cfg, Path(cfg.root)
@@ -116,7 +116,6 @@ class FilesystemSender:
         self._head(closed=True)
 
 
-@register_transport("filesystem", "receiver")
 class FilesystemReceiver:
     def __init__(self, cfg: FilesystemConfig = FilesystemConfig(), use_mmap: bool = False,
                  check_pid: bool = False) -> None:
@@ -187,7 +186,6 @@ class FilesystemReceiver:
         pass
 
 
-@register_transport("shm", "sender")
 class ShmSender(FilesystemSender):
     def __init__(self, cfg: ShmConfig = ShmConfig()) -> None:
         super().__init__(_shm_fs(cfg))
@@ -199,7 +197,18 @@ class ShmSender(FilesystemSender):
         self.root.rmdir()
 
 
-@register_transport("shm", "receiver")
 class ShmReceiver(FilesystemReceiver):
     def __init__(self, cfg: ShmConfig = ShmConfig()) -> None:
         super().__init__(_shm_fs(cfg), use_mmap=True, check_pid=True)
+
+
+TRANSPORT = Transport(
+    "filesystem",
+    lambda w, ctx: FilesystemConfig(root=str(ctx.scratch_dir), dead_after_s=w.dead_after_s),
+    FilesystemSender, FilesystemReceiver,
+    Abilities(crosses_processes=True, crosses_nodes=False))  # a shared filesystem would cross
+# nodes, but the run's scratch dir is not known to be shared
+
+SHM = Transport("shm", lambda w, ctx: ShmConfig(name=ctx.tag, dead_after_s=w.dead_after_s),
+                ShmSender, ShmReceiver, Abilities(crosses_processes=True, crosses_nodes=False),
+                owned=lambda sender: sender.root)

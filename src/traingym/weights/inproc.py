@@ -13,7 +13,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from traingym.weights.base import Payload, PeerDead, TransportTimeout, register_transport
+from traingym.weights.base import Payload, PeerDead, TransportTimeout
+from traingym.weights.registry import Abilities, Transport
 from traingym.weights.sync import Chain
 
 
@@ -43,7 +44,6 @@ def _hub(name: str, fresh: bool = False) -> _Hub:
         return _HUBS[name]
 
 
-@register_transport("inproc", "sender")
 class InprocSender:
     def __init__(self, cfg: InprocConfig = InprocConfig()) -> None:
         self.hub = _hub(cfg.name, fresh=True)
@@ -62,7 +62,6 @@ class InprocSender:
             self.hub.lock.notify_all()
 
 
-@register_transport("inproc", "receiver")
 class InprocReceiver:
     def __init__(self, cfg: InprocConfig = InprocConfig()) -> None:
         self.cfg = cfg
@@ -98,3 +97,7 @@ class InprocReceiver:
         with self.hub.lock:
             if self in self.hub.receivers:
                 self.hub.receivers.remove(self)
+
+
+TRANSPORT = Transport("inproc", lambda w, ctx: InprocConfig(name=ctx.tag), InprocSender,
+                      InprocReceiver, Abilities(crosses_processes=False, crosses_nodes=False))

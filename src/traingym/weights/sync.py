@@ -33,9 +33,9 @@ from typing import Callable
 
 import torch
 
-from traingym.weights.base import (BaseMismatch, IntegrityError, Payload, PeerDead, Receiver,
-                                   Sender, State, TransportTimeout)
-from traingym.weights.codecs import DeltaCodec, FullCodec, apply
+from traingym.weights.base import (CODECS, BaseMismatch, IntegrityError, Payload, PeerDead,
+                                   Receiver, Sender, State, TransportTimeout)
+from traingym.weights.codecs import apply  # also fills CODECS
 from traingym.weights.frame import seal, verify_body
 from traingym.weights.hashing import state_hash
 
@@ -92,9 +92,10 @@ class Publisher:
 
     def __init__(self, sender: Sender, cfg: PublisherConfig = PublisherConfig()) -> None:
         if cfg.codec not in ("auto", "delta", "full"):
-            raise ValueError(f"unknown codec {cfg.codec!r}")
+            raise ValueError(f"unknown codec {cfg.codec!r}; the publisher sends 'full' anchors "
+                             "and 'delta' updates (or picks per update: 'auto')")
         self.sender, self.cfg = sender, cfg
-        self.delta, self.full = DeltaCodec(cfg.zstd_level), FullCodec()
+        self.delta, self.full = CODECS["delta"](cfg.zstd_level), CODECS["full"]()
         self.version: int | None = None
         self.hash: str | None = None
         self._shadow: State | None = None

@@ -15,6 +15,7 @@ anchor, as its chain is new. Not covered: TLS or auth (bind to loopback or a pri
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import select
 import socket
@@ -24,8 +25,9 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from traingym.weights.base import Payload, PeerDead, TransportTimeout, register_transport
+from traingym.weights.base import Payload, PeerDead, TransportTimeout
 from traingym.weights.frame import from_buffer, to_views
+from traingym.weights.registry import Abilities, Transport
 from traingym.weights.sync import Chain
 
 _HDR = struct.Struct("<4sBQ")
@@ -140,7 +142,6 @@ class _Peer:
                     item[1].set()
 
 
-@register_transport("tcp", "sender")
 class TcpSender:
     def __init__(self, cfg: TcpConfig = TcpConfig()) -> None:
         self.cfg, self.chain = cfg, Chain()
@@ -203,7 +204,6 @@ class TcpSender:
         _shutdown(self.server)  # wakes the accept thread, so the port is free at once
 
 
-@register_transport("tcp", "receiver")
 class TcpReceiver:
     def __init__(self, cfg: TcpConfig = TcpConfig(), have_hash: str | None = None) -> None:
         self.cfg = cfg
@@ -287,3 +287,12 @@ class TcpReceiver:
         self._closed = True
         _shutdown(self.sock)
         self._thread.join(timeout=self.cfg.dead_after_s)
+
+
+TRANSPORT = Transport(
+    "tcp",
+    lambda w, ctx: TcpConfig(host=ctx.host, port=0, send_timeout_s=w.timeout_s,
+                             dead_after_s=w.dead_after_s),
+    TcpSender, TcpReceiver,
+    Abilities(crosses_processes=True, crosses_nodes=True, reconnects=True),
+    connect=lambda cfg, sender: dataclasses.replace(cfg, port=sender.port))
