@@ -1,6 +1,11 @@
 """Command line: `traingym train [CONFIG] [--preset P] [--set k=v ...] [--run-dir D] [--resume]`.
 
 Imports stay light at module level so `traingym --help` answers in well under a second.
+
+Every error in what the user gave (arguments, config, files, rows, reward/env specs, model
+path, run directory) ends in one `traingym: ...` line on stderr and exit code 2, before any
+work starts; `main` maps those error types in one place. A run that fails on its own (a reward
+function raising mid-run) exits 1. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -9,8 +14,16 @@ import argparse
 import sys
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one `traingym: ...` line and exit code 2 (not the usage
+    dump); the subcommand parsers inherit it."""
+
+    def error(self, message: str):
+        self.exit(2, f"traingym: {message} (see `{self.prog} --help`)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="traingym", description="RL post-training of language models")
+    p = _Parser(prog="traingym", description="RL post-training of language models")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="run RL training (the embedded default without a config)")
     t.add_argument("config", nargs="?", help="TOML, YAML or JSON config file")
@@ -28,32 +41,38 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    from traingym.config import ConfigError, build_config
-
     try:
-        cfg = build_config(args.preset, args.config, args.overrides)
-    except ConfigError as e:
-        print(f"traingym: {e}", file=sys.stderr)
-        return 2
-    if args.command == "config":
-        print(cfg.model_dump_json(indent=1))
-        return 0
-    if args.resume and not args.run_dir:
-        print("traingym: --resume needs --run-dir", file=sys.stderr)
-        return 2
-    from traingym.api import train
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # --help (0), or a usage error _Parser.error reported (2)
+        return e.code if isinstance(e.code, int) else 2
+    from traingym.config import ConfigError
     from traingym.envs.datasets import DatasetError
     from traingym.envs.single_turn import RewardError
 
     try:
-        result = train(cfg, run_dir=args.run_dir, resume=args.resume, progress=not args.quiet)
+        return _command(args)
+    # The user's input cannot run: config (and reward/env specs, run-dir paths), rows, a
+    # missing file or model folder, a run directory that holds another run (or is in use).
     except (ConfigError, DatasetError, FileExistsError, FileNotFoundError) as e:
-        print(f"traingym: {e}", file=sys.stderr)
+        print(f"traingym: {' '.join(str(e).splitlines())}", file=sys.stderr)
         return 2
-    except RewardError as e:
+    except RewardError as e:  # the run itself failed; the sample follows on its own lines
         print(f"traingym: the run stopped: {e}", file=sys.stderr)
         return 1
+
+
+def _command(args: argparse.Namespace) -> int:
+    from traingym.config import ConfigError, build_config
+
+    if getattr(args, "resume", False) and not args.run_dir:
+        raise ConfigError("--resume needs --run-dir (the folder of the run to continue)")
+    cfg = build_config(args.preset, args.config, args.overrides)
+    if args.command == "config":
+        print(cfg.model_dump_json(indent=1))
+        return 0
+    from traingym.api import train
+
+    result = train(cfg, run_dir=args.run_dir, resume=args.resume, progress=not args.quiet)
     print(f"run directory: {result.run_dir}")
     return 0
 

@@ -1,17 +1,31 @@
 """One typed config per run: defaults that work, TOML/YAML/JSON files, `--set a.b=c` overrides.
 
-Unknown keys fail at load time and name the valid ones. Presets are partial configs merged
-under the user's values: a preset never drops a value the user set.
+Unknown keys fail at load time and name the closest valid one ("did you mean 'steps'?").
+Presets are partial configs merged under the user's values: a preset never drops a value the
+user set.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+def closest(word: str, choices) -> str | None:
+    """The choice most like `word` (difflib ratio >= 0.6), or None when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def did_you_mean(word: str, choices) -> str:
+    """"; did you mean 'x'?" for the closest of `choices`, or "" when none is close."""
+    match = closest(word, choices)
+    return f"; did you mean {match!r}?" if match else ""
 
 
 class _Strict(BaseModel):
@@ -26,8 +40,9 @@ class ModelConfig(_Strict):
 
 
 class TaskConfig(_Strict):
-    name: str = Field("arith", description="built-in task: 'arith' (single-digit a+b, a-b) or "
-                      "'mult' (single-digit a*b); ignored when `dataset` and `reward` are given")
+    name: str = Field("arith", description="built-in task (envs/tasks.py): 'arith' "
+                      "(single-digit a+b, a-b, a*b) or 'add2' (a+b for a, b in 0..19); its "
+                      "rows are unused when `dataset` is given")
     dataset: str | None = Field(None, description="training rows: a JSONL file or a local "
                                 "`datasets` folder; each row needs 'prompt' and 'answer'")
     eval_dataset: str | None = Field(None, description="held-out rows, same format")
@@ -41,6 +56,16 @@ class TaskConfig(_Strict):
     prefill: str = Field("The answer is", description="text the assistant turn starts with")
     system_prompt: str | None = Field(None, description="system message; None keeps the "
                                       "chat template's default")
+
+    @field_validator("name")
+    @classmethod
+    def _known_task(cls, v: str) -> str:
+        from traingym.envs.tasks import TASKS
+
+        if v not in TASKS:
+            raise ValueError(f"unknown built-in task {v!r}; choose one of {sorted(TASKS)} "
+                             f"(or give task.dataset and task.reward){did_you_mean(v, TASKS)}")
+        return v
 
 
 class RolloutConfig(_Strict):
@@ -318,35 +343,71 @@ def parse_overrides(pairs: list[str]) -> dict:
         if "=" not in pair:
             raise ConfigError(f"--set {pair!r}: expected key=value, e.g. --set trainer.lr=1e-5")
         key, value = pair.split("=", 1)
+        parts = [part.strip() for part in key.split(".")]
+        if not all(parts):
+            raise ConfigError(f"--set {pair!r}: {key.strip()!r} is not a key; expected dotted "
+                              "names, e.g. --set trainer.lr=1e-5")
         node = out
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
+        for i, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {pair!r}: an earlier --set gave "
+                                  f"'{'.'.join(parts[:i + 1])}' the value {node!r}, so it "
+                                  "has no keys below it")
         node[parts[-1]] = _parse_value(value)
     return out
 
 
-def load_file(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    text = path.read_text()
+def _parse_file(path: Path, text: str) -> Any:
+    """The file's contents parsed by its suffix; a syntax error names the file and line."""
     if path.suffix == ".toml":
-        return tomllib.loads(text)
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path}: not valid TOML: {e}") from None
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
-        return yaml.safe_load(text) or {}
+        try:
+            return yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            where = getattr(e, "problem_mark", None)
+            at = f" (at line {where.line + 1}, column {where.column + 1})" if where else ""
+            problem = getattr(e, "problem", None) or type(e).__name__
+            raise ConfigError(f"config file {path}: not valid YAML: {problem}{at}") from None
     if path.suffix == ".json":
-        return json.loads(text)
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"config file {path}: not valid JSON: {e.msg} (at line "
+                              f"{e.lineno}, column {e.colno})") from None
     raise ConfigError(f"config file {path}: use .toml, .yaml/.yml or .json")
+
+
+def load_file(path: str | Path) -> dict:
+    """A config file as a dict of sections; names the file and the problem when it is not."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory; give a .toml, .yaml or .json file")
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path} cannot be read as text: {e}") from None
+    data = _parse_file(path, text)
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected keys and sections at the top level "
+                          f"(e.g. steps = 10), got a {type(data).__name__}")
+    return data
 
 
 def build_config(preset: str = "default", file: str | Path | None = None,
                  overrides: list[str] | dict | None = None) -> Config:
     """Preset, then file, then overrides; fails on unknown keys before any work starts."""
     if preset not in PRESETS:
-        raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+        raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}"
+                          f"{did_you_mean(preset, PRESETS)}")
     data = dict(PRESETS[preset])
     if file is not None:
         data = _merge(data, load_file(file))
@@ -356,6 +417,29 @@ def build_config(preset: str = "default", file: str | Path | None = None,
     return validate(data)
 
 
+def _unknown_key(loc: str, value: Any) -> str:
+    """'unknown key ...' with the closest valid key: a sibling in the same section first, then
+    the same name in another section, else the section's valid keys (never all of them)."""
+    keys = _valid_keys(Config)
+    names = set(keys) | {k.rsplit(".", 1)[0] for k in keys if "." in k}  # keys and sections
+    parent, _, leaf = loc.rpartition(".")
+    what = "section" if isinstance(value, dict) else "key"
+    siblings = sorted(n.rpartition(".")[2] for n in names if n.rpartition(".")[0] == parent)
+    match = closest(leaf, siblings)
+    if match:
+        return f"unknown {what} {loc!r}; did you mean {(parent + '.' if parent else '') + match!r}?"
+    elsewhere = sorted(n for n in names if n.rpartition(".")[2] == leaf)
+    if elsewhere:
+        return f"unknown {what} {loc!r}; did you mean {elsewhere[0]!r}?"
+    where = f"in '{parent}'" if parent else "at the top level"
+    return f"unknown {what} {loc!r}; valid keys {where}: {', '.join(siblings)}"
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def validate(data: dict) -> Config:
     try:
         return Config.model_validate(data)
@@ -363,11 +447,13 @@ def validate(data: dict) -> Config:
         problems = []
         for err in e.errors():
             loc = ".".join(str(p) for p in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
-                problems.append(f"unknown key '{loc}'")
-            elif loc:
-                problems.append(f"'{loc}': {err['msg']}")
-            else:  # a check across sections
-                problems.append(err["msg"].removeprefix("Value error, "))
-        raise ConfigError("invalid config: " + "; ".join(problems)
-                          + "\nvalid keys: " + ", ".join(_valid_keys(Config))) from None
+                problems.append(_unknown_key(loc, err["input"]))
+            elif not loc:  # a check across sections
+                problems.append(msg)
+            elif err["type"] == "value_error":  # our validators name the value themselves
+                problems.append(f"'{loc}': {msg}")
+            else:
+                problems.append(f"'{loc}': {msg} (got {_shown(err['input'])})")
+        raise ConfigError("invalid config: " + "; ".join(problems)) from None

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from traingym import checkpoint
-from traingym.config import Config, ConfigError
+from traingym.config import Config, ConfigError, did_you_mean
 from traingym.envs.base import EnvFactory
 from traingym.envs.datasets import load_rows, validate_rows
 from traingym.envs.multi_turn import BoundFactory
@@ -29,7 +29,7 @@ from traingym.envs.resources import RunResources
 from traingym.envs.single_turn import SingleTurnFactory
 from traingym.envs.tasks import builtin_task, exact_answer
 from traingym.evaluate import as_dict, evaluate, paired_difference
-from traingym.models.loader import load_policy
+from traingym.models.loader import check_model_path, load_policy
 from traingym.observability.events import RunLog
 from traingym.observability.progress import Progress
 from traingym.rollout.runner import EpisodeLimits, RolloutRunner
@@ -68,12 +68,27 @@ class DataStream:
 
 
 def import_reward(spec: str, key: str = "task.reward") -> Callable:
-    if ":" not in spec:
-        raise ConfigError(f"{key}={spec!r}: expected 'module:function'")
-    module, name = spec.split(":", 1)
-    fn = getattr(importlib.import_module(module), name, None)
+    """The callable `spec` ('module:function' or 'module:Class') names. A module that cannot
+    be found or has a syntax error is a ConfigError naming `key`; any other exception the
+    module raises while importing is its own bug and propagates with its traceback."""
+    module, _, name = spec.partition(":")
+    if not module or not name or module.startswith("."):
+        raise ConfigError(f"{key}={spec!r}: expected 'module:function' with an absolute "
+                          "module name, e.g. 'my_rewards:exact_match'")
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"{key}={spec!r}: cannot import {module!r} ({e}); is it installed "
+                          "or on PYTHONPATH (run from the folder that holds it)?") from None
+    except (ImportError, SyntaxError) as e:
+        raise ConfigError(f"{key}={spec!r}: importing {module!r} failed: "
+                          f"{type(e).__name__}: {e}") from None
+    if not hasattr(mod, name):
+        raise ConfigError(f"{key}={spec!r}: {module} has no function {name!r}"
+                          f"{did_you_mean(name, [n for n in dir(mod) if not n.startswith('_')])}")
+    fn = getattr(mod, name)
     if not callable(fn):
-        raise ConfigError(f"{key}={spec!r}: {module} has no function {name!r}")
+        raise ConfigError(f"{key}={spec!r}: {module}.{name} is {fn!r:.40}, not a function")
     return fn
 
 
@@ -113,6 +128,9 @@ def resolve_inputs(cfg: Config, dataset=None, eval_dataset=None, reward=None, en
             raise ConfigError("a custom dataset needs a reward: pass reward= or set "
                               "task.reward='module:function'")
     else:
+        if eval_dataset is not None or t.eval_dataset is not None:
+            raise ConfigError("task.eval_dataset needs task.dataset: the built-in task "
+                              f"{t.name!r} brings its own held-out rows")
         task = builtin_task(t.name, num_heldout=cfg.eval.num_prompts)
         train_rows, eval_rows = task.train, task.heldout
         reward_fn = reward or (import_reward(t.reward) if t.reward else exact_answer)
@@ -139,7 +157,14 @@ def prepare_run_dir(run_dir: Path, cfg: Config, resume: bool) -> None:
                                   "`steps` may change on --resume")
     elif resume:
         raise FileNotFoundError(f"--resume: {run_dir} holds no run to resume")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise FileExistsError(f"--run-dir {run_dir} is a file, not a folder; choose another "
+                              "--run-dir")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file in its path, no permission, read-only filesystem
+        raise ConfigError(f"--run-dir {run_dir}: cannot create it ({e.strerror}); choose "
+                          "another --run-dir") from None
     config_path.write_text(json.dumps(resolved, indent=1))
 
 
@@ -216,6 +241,7 @@ def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_datas
               reward=None, progress: bool = True, env=None,
               group_reward=None) -> tuple[Run, int]:
     inputs = resolve_inputs(cfg, dataset, eval_dataset, reward, env, group_reward)
+    check_model_path(cfg.model.path)  # before the run directory exists
     prepare_run_dir(run_dir, cfg, resume)
     torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)

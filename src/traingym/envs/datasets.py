@@ -28,16 +28,25 @@ def load_rows(source: str | Path | Iterable[dict[str, Any]]) -> list[dict[str, A
                     raise DatasetError(f"{path}:{n}: not valid JSON ({e.msg})") from None
             return rows
         if path.is_dir():
-            import datasets  # optional extra: pip install traingym[datasets]
-
-            ds = datasets.load_from_disk(str(path))
+            try:
+                import datasets  # optional extra: pip install traingym[datasets]
+            except ModuleNotFoundError:
+                raise DatasetError(f"dataset {path}: a folder needs the `datasets` package "
+                                   "(pip install 'traingym[datasets]'), or give a .jsonl "
+                                   "file") from None
+            try:
+                ds = datasets.load_from_disk(str(path))
+            except FileNotFoundError as e:  # a folder that save_to_disk did not write
+                raise DatasetError(f"dataset {path}: not a `datasets` folder saved with "
+                                   f"save_to_disk ({e})") from None
             if isinstance(ds, datasets.DatasetDict):
                 if "train" not in ds:
                     raise DatasetError(f"{path}: a DatasetDict needs a 'train' split; has {list(ds)}")
                 ds = ds["train"]
             return [dict(r) for r in ds]
-        raise DatasetError(f"dataset {path}: expected a .jsonl file or a `datasets` folder "
-                           "saved with save_to_disk")
+        what = "does not exist" if not path.exists() else f"has the suffix {path.suffix!r}"
+        raise DatasetError(f"dataset {path} {what}: expected a .jsonl file or a `datasets` "
+                           "folder saved with save_to_disk")
     return [dict(r) for r in source]
 
 

@@ -51,16 +51,21 @@ class BuiltinTask:
     heldout: list[dict]
 
 
+TASKS = {"arith": _arith_rows, "add2": _add2_rows}  # task.name -> row maker
+
+
 def builtin_task(name: str, num_heldout: int = 128, seed: int = 1234) -> BuiltinTask:
-    makers = {"arith": _arith_rows, "add2": _add2_rows}
-    if name not in makers:
-        raise ValueError(f"unknown built-in task {name!r}; choose one of {sorted(makers)}, or "
-                         "give task.dataset and task.reward")
-    rows = makers[name]()
+    from traingym.config import ConfigError
+
+    if name not in TASKS:
+        raise ConfigError(f"unknown built-in task {name!r}; choose one of {sorted(TASKS)}, or "
+                          "give task.dataset and task.reward")
+    rows = TASKS[name]()
     random.Random(seed).shuffle(rows)
     if num_heldout >= len(rows):
-        raise ValueError(f"task {name!r} has {len(rows)} problems; eval.num_prompts={num_heldout} "
-                         "leaves none to train on")
+        raise ConfigError(f"task {name!r} has {len(rows)} problems; eval.num_prompts="
+                          f"{num_heldout} leaves none to train on (set eval.num_prompts below "
+                          f"{len(rows)})")
     return BuiltinTask(name, train=rows[num_heldout:], heldout=rows[:num_heldout])
 
 

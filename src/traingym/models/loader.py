@@ -51,6 +51,19 @@ def tiny_model(tokenizer, seed: int = 0):
         return LlamaForCausalLM(config)
 
 
+def check_model_path(path: str) -> None:
+    """Fail fast, before any work, on a model.path that is no model folder (cheap: loads
+    nothing; 'embedded' and 'tiny' always pass)."""
+    if path in ("tiny", "embedded"):
+        return
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.path={path!r}: not a Hugging Face model folder (no config.json); use "
+            "'embedded', 'tiny', or a local folder saved with save_pretrained"
+        )
+
+
 def resolve_path(path: str) -> Path | None:
     """'embedded' -> the cached embedded folder; 'tiny' -> None; else a local folder."""
     if path == "tiny":
@@ -59,13 +72,8 @@ def resolve_path(path: str) -> Path | None:
         from traingym.models.embedded import embedded_model_dir
 
         return embedded_model_dir()
-    folder = Path(path).expanduser()
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model.path={path!r}: not a Hugging Face model folder (no config.json); use "
-            "'embedded', 'tiny', or a local folder saved with save_pretrained"
-        )
-    return folder
+    check_model_path(path)
+    return Path(path).expanduser()
 
 
 def load_policy(path: str, seed: int = 0):
