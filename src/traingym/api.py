@@ -10,7 +10,8 @@ from pathlib import Path
 from traingym.config import Config, build_config, validate
 from traingym.evaluate import Score
 from traingym.loop import train_loop
-from traingym.run import build_run, eval_report
+from traingym.preempt import Preemption
+from traingym.run import Run, build_run, eval_report
 
 
 @dataclass
@@ -51,8 +52,17 @@ def train(config: Config | dict | str | Path | None = None, *, dataset=None, eva
     else:
         cfg = build_config(file=config)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
-    run, start = build_run(cfg, run_dir, resume, dataset, eval_dataset, reward, progress, env,
-                           group_reward)
+    with Preemption() as preemption:  # SIGTERM stops at a step boundary (preempt.py)
+        run, start = build_run(cfg, run_dir, resume, dataset, eval_dataset, reward, progress,
+                               env, group_reward)
+        run.preemption = preemption
+        try:
+            return _train_run(cfg, run_dir, run, start)
+        finally:  # after everything, results.json included, was written
+            run.lock.release()
+
+
+def _train_run(cfg: Config, run_dir: Path, run: Run, start: int) -> TrainResult:
     try:
         show = run.progress.message
         has_eval = bool(run.inputs.eval_rows) and cfg.eval.num_prompts > 0

@@ -42,6 +42,9 @@ at most once and none is lost, as without the kill.
 completion's tokens then carry the versions that sampled them, and its staleness is that of
 its oldest token.
 
+SIGTERM stops an async run as a sync one (preempt.py): after the step's record, a checkpoint
+with the ledger, engines closed; `--resume` then goes on as above (none lost, none twice).
+
 Not covered: reproducibility (what arrives when
 depends on timing, so async runs, resumed or not, are not bitwise repeatable). `cluster.type='ray'` puts the engines on a Ray cluster (cluster/ray.py); the
 trainer stays in this process.
@@ -183,6 +186,7 @@ def async_train_loop(run, start_step: int) -> dict:
             run.log.event(metrics)
             run.log.samples(step, groups)
             run.progress.update(step, metrics)
+            run.stop_if_preempted(step, saved, {"async_feed": feed.state()})  # preempt.py
     finally:
         engines.close()
     run.weights.publish(run.trainer.export(), version=cfg.steps)  # the in-process eval engine

@@ -5,7 +5,9 @@ Imports stay light at module level so `traingym --help` answers in well under a 
 Every error in what the user gave (arguments, config, files, rows, reward/env specs, model
 path, run directory) ends in one `traingym: ...` line on stderr and exit code 2, before any
 work starts; `main` maps those error types in one place. A run that fails on its own (a reward
-function raising mid-run) exits 1. Anything else is a bug and keeps its traceback.
+function raising mid-run) exits 1. SIGTERM stops a run at its next step with a checkpoint, one
+`traingym: stopped by SIGTERM after step N; resume with: ...` line and exit code 143
+(preempt.py). Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     from traingym.config import ConfigError
     from traingym.envs.datasets import DatasetError
     from traingym.envs.single_turn import RewardError
+    from traingym.preempt import EXIT_CODE, RunPreempted, resume_command
 
     try:
         return _command(args)
@@ -56,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DatasetError, FileExistsError, FileNotFoundError) as e:
         print(f"traingym: {' '.join(str(e).splitlines())}", file=sys.stderr)
         return 2
+    except RunPreempted as e:  # SIGTERM: stopped at a step boundary, checkpoint committed
+        again = resume_command(args.config, args.preset, args.overrides, e.run_dir, args.quiet)
+        print(f"traingym: stopped by {e.signal_name} after step {e.step}; resume with: {again}",
+              file=sys.stderr)
+        return EXIT_CODE  # 143 = 128 + SIGTERM
     except RewardError as e:  # the run itself failed; the sample follows on its own lines
         print(f"traingym: the run stopped: {e}", file=sys.stderr)
         return 1

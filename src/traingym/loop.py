@@ -31,4 +31,5 @@ def train_loop(run, start_step: int) -> dict:
         run.log.event(metrics)
         run.log.samples(step, groups)
         run.progress.update(step, metrics)
+        run.stop_if_preempted(step, saved)  # SIGTERM: a checkpoint of this step, then stop
     return metrics

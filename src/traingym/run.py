@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from traingym import checkpoint
+from traingym import checkpoint, runlock
 from traingym.config import Config, ConfigError, did_you_mean
 from traingym.envs.base import EnvFactory
 from traingym.envs.datasets import load_rows, validate_rows
@@ -32,6 +32,7 @@ from traingym.evaluate import as_dict, evaluate, paired_difference
 from traingym.models.loader import check_model_path, load_policy
 from traingym.observability.events import RunLog
 from traingym.observability.progress import Progress
+from traingym.preempt import Preemption, RunPreempted
 from traingym.rollout.runner import EpisodeLimits, RolloutRunner
 from traingym.rollout.torch_engine import TorchEngine
 from traingym.trainer.base import Trainer
@@ -185,6 +186,8 @@ class Run:
     eval_stop_ids: tuple[int, ...]  # evaluation always ends at end of turn
     t_start: float = field(default_factory=time.monotonic)
     resumed: dict = field(default_factory=dict)  # the loop state of the checkpoint resumed
+    lock: runlock.RunLock | None = None  # the run directory's; api.train releases it last
+    preemption: Preemption | None = None  # SIGTERM's request to stop (preempt.py), set by train
     resources: RunResources = field(default_factory=RunResources)  # envs' pools (envs/resources.py)
 
     def close(self) -> None:
@@ -197,11 +200,23 @@ class Run:
         every = self.cfg.checkpoint.every
         if step + 1 != self.cfg.steps and not (every and (step + 1) % every == 0):
             return False
+        self.save_checkpoint(step, loop_state)
+        return True
+
+    def save_checkpoint(self, step: int, loop_state: dict | None = None) -> None:
         checkpoint.save(self.run_dir / "checkpoints", step + 1, self.trainer.model,
                         self.trainer.optimizer,
                         {"data_position": self.data.position, **(loop_state or {})},
                         keep=self.cfg.checkpoint.keep)
-        return True
+
+    def stop_if_preempted(self, step: int, saved: bool, loop_state: dict | None = None) -> None:
+        """At the end of `step` (its record written): if SIGTERM came, commit a checkpoint of
+        the step (unless `saved`, it was just written) and raise RunPreempted (preempt.py)."""
+        if self.preemption is None or self.preemption.requested is None:
+            return
+        if not saved:
+            self.save_checkpoint(step, loop_state)
+        raise RunPreempted(self.preemption.requested, step + 1, self.run_dir)
 
     def step_metrics(self, step, groups, batch, train_metrics, seconds, saved) -> dict:
         rewards = [s.reward for g in groups for s in g.samples]
@@ -240,9 +255,39 @@ class Run:
 def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_dataset=None,
               reward=None, progress: bool = True, env=None,
               group_reward=None) -> tuple[Run, int]:
+    """The run and its first step. The run holds its directory's lock (`run.lock`) until the
+    caller releases it (api.train does, last); a lock never released ends with the process."""
     inputs = resolve_inputs(cfg, dataset, eval_dataset, reward, env, group_reward)
     check_model_path(cfg.model.path)  # before the run directory exists
-    prepare_run_dir(run_dir, cfg, resume)
+    lock = take_run_dir(run_dir, cfg, resume)
+    try:
+        run, start_step = _build_run(cfg, run_dir, resume, inputs, progress)
+    except BaseException:  # the lock is released; the error goes on
+        lock.release()
+        raise
+    run.lock = lock
+    return run, start_step
+
+
+def take_run_dir(run_dir: Path, cfg: Config, resume: bool) -> runlock.RunLock:
+    """prepare_run_dir under the run directory's lock (runlock.py): one process at a time reads
+    and writes a run directory. A path that is not a folder yet is checked and created by
+    prepare_run_dir first (its errors, nothing locked); the check is redone under the lock,
+    which also catches another run that made the same new folder at the same moment."""
+    new = not run_dir.is_dir()
+    if new:
+        prepare_run_dir(run_dir, cfg, resume)
+    lock = runlock.acquire(run_dir)
+    try:
+        prepare_run_dir(run_dir, cfg, resume or new)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _build_run(cfg: Config, run_dir: Path, resume: bool, inputs: Inputs,
+               progress: bool) -> tuple[Run, int]:
     torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)

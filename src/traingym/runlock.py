@@ -1,0 +1,180 @@
+"""One writer per run directory: a lock taken before a run (new or resumed) writes anything.
+
+The lock is `fcntl.flock` on `RUN_DIR/run.lock`. The kernel drops a flock when its holder
+exits, however it exits (SIGKILL and crashes included), so a dead run never blocks its
+`--resume`. While held, the file holds a JSON record: host, pid, the pid's start time (so a
+reused pid is not taken for the holder), when the lock was taken, the command, and a
+heartbeat timestamp that a daemon thread rewrites every `HEARTBEAT_S` seconds. Release
+empties the file (the file itself stays; an empty one means "free").
+
+Who is refused (`RunDirInUse`, a FileExistsError: the CLI prints one `traingym: ...` line and
+exits 2), naming the holder's pid, host, start and command:
+- the flock is held (any process on this host, or on another host where the filesystem
+  honours flock across machines, as NFSv4 and most cluster filesystems do);
+- the flock is free but the record names a live process on this host (a filesystem that
+  ignores flock);
+- the flock is free but the record names another host whose heartbeat is younger than
+  `STALE_S` (a shared filesystem that does not carry flock between machines).
+A record from another host with an older heartbeat is a run that died there: it is taken
+over with a warning line on stderr. An empty record, or one naming a dead process on this
+host, is taken over silently.
+
+Limits: the cross-host check compares wall clocks, so hosts must agree on the time to within a
+few seconds (NTP); a holder whose heartbeat thread cannot run for `STALE_S` (the GIL held by
+one C call that long, a frozen host) looks dead to another host. Two hosts that read the
+stale record at the same instant can both take it over. Engine processes and trainer ranks
+start with spawn and never inherit the lock (Python opens files close-on-exec).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+LOCK_NAME = "run.lock"
+HEARTBEAT_S = 5.0
+STALE_S = 3 * HEARTBEAT_S
+
+
+class RunDirInUse(FileExistsError):
+    """Another live run holds the run directory; the message names it and the fix."""
+
+
+def _proc_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux /proc), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _alive(pid: int, start: str | None) -> bool:
+    """Is `pid` the process that wrote the record (not a later process given the same pid)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a live process of another user
+        return True
+    now = _proc_start(pid)
+    return start is None or now is None or now == start
+
+
+def _describe(run_dir: Path, rec: dict) -> str:
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec.get("since", 0)))
+    return (f"run directory {run_dir} is in use by pid {rec.get('pid')} on host "
+            f"{rec.get('host')} since {since} ({rec.get('command', '?')})")
+
+
+class RunLock:
+    """The held lock of one run directory; `release()` (idempotent) frees it."""
+
+    def __init__(self, run_dir: Path, fd: int, heartbeat_s: float):
+        self.run_dir, self.path, self._fd = run_dir, run_dir / LOCK_NAME, fd
+        self.record = {"host": socket.gethostname(), "pid": os.getpid(),
+                       "pid_start": _proc_start(os.getpid()), "since": time.time(),
+                       "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:])[:200],
+                       "heartbeat": time.time()}
+        self._write()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, args=(heartbeat_s,), daemon=True,
+                                        name=f"traingym-runlock-{run_dir.name}")
+        self._thread.start()
+
+    def _write(self) -> None:
+        self.record["heartbeat"] = time.time()
+        data = json.dumps(self.record).encode()
+        os.pwrite(self._fd, data, 0)  # then cut: a reader never sees an empty record
+        os.ftruncate(self._fd, len(data))
+        os.fsync(self._fd)
+
+    def _beat(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self._write()
+
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
+    def release(self) -> None:
+        if self._fd < 0:
+            return
+        self._stop.set()
+        self._thread.join()
+        os.ftruncate(self._fd, 0)
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = -1
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read(fd: int) -> dict | None:
+    data = os.pread(fd, 1 << 16, 0)
+    if not data.strip():
+        return None
+    try:
+        rec = json.loads(data)
+    except json.JSONDecodeError:
+        rec = None
+    if not isinstance(rec, dict) or "pid" not in rec:
+        return {"unreadable": data[:80].decode(errors="replace")}
+    return rec
+
+
+def _refusal(run_dir: Path, rec: dict | None, flock_held: bool,
+             stale_s: float) -> tuple[str | None, str | None]:
+    """(why the run directory is in use, or None; a warning to print when taking it over)."""
+    busy = f"run directory {run_dir} is in use by another process; wait for it or stop it"
+    if rec is not None and "unreadable" in rec:
+        return (busy if flock_held else
+                f"{run_dir / LOCK_NAME} holds an unreadable record ({rec['unreadable']!r}); "
+                "if no run uses this directory, delete that file"), None
+    if flock_held:  # rec None: the holder has the flock but has not written its record yet
+        return (busy if rec is None else f"{_describe(run_dir, rec)}; wait for it or stop it"), None
+    if rec is None:
+        return None, None
+    if rec.get("host") == socket.gethostname():
+        if rec["pid"] != os.getpid() and _alive(int(rec["pid"]), rec.get("pid_start")):
+            return (f"{_describe(run_dir, rec)} (this filesystem does not honour flock); wait "
+                    "for it or stop it"), None
+        return None, None
+    age = time.time() - float(rec.get("heartbeat", 0))
+    if age < stale_s:
+        return (f"{_describe(run_dir, rec)}; its heartbeat is {age:.0f} s old (a run on "
+                f"another host; it counts as gone after {stale_s:.0f} s without one); wait for "
+                "it or stop it"), None
+    return None, (f"traingym: warning: taking over {run_dir}: its lock names pid {rec['pid']} "
+                  f"on host {rec.get('host')}, whose heartbeat stopped {age:.0f} s ago")
+
+
+def acquire(run_dir: Path, heartbeat_s: float = HEARTBEAT_S,
+            stale_s: float | None = None) -> RunLock:
+    """Take `run_dir`'s lock (creating the folder) or raise RunDirInUse naming the holder."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        flock_held = False
+    except BlockingIOError:
+        flock_held = True
+    reason, warning = _refusal(run_dir, _read(fd), flock_held,
+                               3 * heartbeat_s if stale_s is None else stale_s)
+    if reason is not None:
+        os.close(fd)  # closing drops our flock, if we got it
+        raise RunDirInUse(reason)
+    if warning:
+        print(warning, file=sys.stderr)
+    return RunLock(run_dir, fd, heartbeat_s)
