@@ -10,6 +10,8 @@ on the tiny model in fp32 over local worker processes and gloo.
   loaded back after step 3 is pushed to every rank (step 3 redone equals the reference's).
 - A full sync `traingym.train` with trainer.data_parallel = 2 runs, matches a one-process run
   at step 1 (same rollouts), and resumes from its checkpoint.
+- A sync `traingym.train` with FSDP2 ranks commits its checkpoints, and a resume from the
+  step-1 checkpoint redoes step 2 bit for bit.
 - A worker killed (SIGKILL), stopped (SIGSTOP: hung) or raising (an out-of-vocabulary token
   only in its groups) makes train_step raise TrainerRankError naming rank 1 and the cause
   within seconds (the stopped one after the 3 s gloo timeout), and the trainer is closed.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import signal
 import time
 
@@ -27,6 +30,7 @@ import pytest
 import torch
 from dp_batches import RTOL, close, rel  # tests/ is on sys.path (tests/conftest.py)
 from dp_batches import batch as make_batch
+from safetensors.torch import load_file
 
 import traingym
 from traingym import checkpoint
@@ -151,6 +155,43 @@ def test_sync_run_with_two_ranks_matches_one_process_and_resumes(tmp_path):
     state = json.loads((tmp_path / "dp" / "checkpoints" / "step_000003" / "state.json")
                        .read_text())
     assert state["step"] == 3
+
+
+def test_fsdp2_run_checkpoints_and_resumes_bitwise(tmp_path):
+    """`traingym.train` with FSDP2 ranks (the test above runs DDP; FSDP2's update equals one
+    process's in the first test): both steps train, the checkpoints are committed, and resumed
+    from its step-1 checkpoint (a copy of the run directory without step 2) the run redoes
+    step 2 bit for bit: weights, optimizer state, metrics."""
+    def cfg(steps):
+        return traingym.build_config("tiny", overrides={
+            "steps": steps, "threads": 1, "trainer": {"data_parallel": 2, "parallelism": "fsdp2"},
+            "checkpoint": {"every": 1}, "eval": {"before": False, "after": False}})
+
+    straight, split = tmp_path / "fsdp2", tmp_path / "split"
+    traingym.train(cfg(2), run_dir=straight, progress=False)
+    fsdp2 = read_events(straight)
+    assert [e["step"] for e in fsdp2] == [1, 2]
+    assert all(e["trained_tokens"] > 0 and e["grad_norm"] > 0 for e in fsdp2)
+    ck = straight / "checkpoints"
+    assert sorted(p.name for p in ck.glob("step_*")) == ["step_000001", "step_000002"]
+    assert all((p / "COMMITTED").is_file() for p in ck.glob("step_*"))
+
+    shutil.copytree(straight, split)
+    shutil.rmtree(split / "checkpoints" / "step_000002")
+    result = traingym.train(cfg(2), run_dir=split, resume=True, progress=False)
+    assert result.final_metrics["step"] == 2
+    a, b = ck / "step_000002", split / "checkpoints" / "step_000002"
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        ta, tb = load_file(a / name), load_file(b / name)
+        assert ta.keys() == tb.keys()
+        for key in ta:
+            assert torch.equal(ta[key], tb[key]), f"{name}:{key} differs after the resume"
+    assert rel(load_file(a / "model.safetensors"),
+               load_file(ck / "step_000001" / "model.safetensors")) > 100 * RTOL  # step 2 moved
+    redone = read_events(split)
+    assert [e["step"] for e in redone] == [1, 2]
+    for k in ("reward_mean", "loss", "grad_norm", "entropy", "trained_tokens"):
+        assert redone[1][k] == fsdp2[1][k], (k, redone[1][k], fsdp2[1][k])
 
 
 def test_config_names_the_problem():
