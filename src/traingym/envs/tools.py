@@ -8,6 +8,8 @@ the first observation's text shows which.
 
 Tool calls are parsed from the policy's turn by a pluggable parser; the default reads the
 Hermes / Qwen / SmolLM2 convention `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+The first turn is parsed with the pre-fill (`task.prefill`) in front, as the assistant's
+message holds it: a pre-fill may open a tool call for the policy to finish.
 Each call's result goes back as a `tool` message rendered with the chat template. A turn with
 no tool call ends the episode and is scored by `reward(sample) -> float` over the whole
 episode. Malformed calls (bad JSON, an unclosed tag, an unknown tool, missing, extra or
@@ -189,6 +191,8 @@ class ToolEnv(MultiTurnEnv):
         return [{"role": "system", "content": tools_text}, *messages]
 
     async def respond(self, text: str) -> Reply:
+        if self.transcript.turns == 1:  # the first turn continues the pre-fill (render())
+            text = self.renderer.prefill + text
         calls = self.task.parser.parse(text)
         if not calls:
             return Reply(reward=score(self.task.reward, self.sample()), done=True)
