@@ -72,6 +72,7 @@ def test_async_run_with_two_local_ranks_trains_as_one_process(tmp_path, monkeypa
             run.close()
         finally:
             dp.close()
+            run.lock.release()
     events = read_events(tmp_path / "run")
     assert [e["step"] for e in events] == list(range(1, steps + 1))
     assert all(e["trained_tokens"] > 0 and e["async_staleness_max"] <= 1 for e in events)
