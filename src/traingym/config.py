@@ -166,7 +166,8 @@ class WeightsConfig(_Strict):
         from traingym.weights.colocated import codec_choices
 
         if v not in codec_choices():
-            raise ValueError(f"unknown codec {v!r}; choose one of {codec_choices()}")
+            raise ValueError(f"unknown codec {v!r}; choose one of {codec_choices()}"
+                             f"{did_you_mean(v, codec_choices())}")
         return v
 
     @field_validator("transport")

@@ -58,6 +58,8 @@ CASES = [  # (id, argv with {d} for the case folder, fragment of the message)
     ("unknown task", ["train", "--set", "task.name=mult"], "unknown built-in task 'mult'"),
     ("misspelt task", ["train", "--set", "task.name=arth"], "did you mean 'arith'?"),
     ("unknown codec", ["train", "--set", "weights.codec=zstd"], "unknown codec 'zstd'"),
+    ("misspelt codec", ["train", "--set", "weights.codec=detla"], "did you mean 'delta'?"),
+    ("misspelt transport", ["train", "--set", "weights.transport=tpc"], "did you mean 'tcp'?"),
     ("config subcommand", ["config", "--set", "trainer.lrr=1"], "did you mean 'trainer.lr'?"),
     ("missing config file", ["train", "{d}/nope.toml"], "does not exist"),
     ("config file is a folder", ["train", "{d}/hasrun"], "is a directory"),

@@ -110,8 +110,11 @@ def get(name: str) -> Transport:
     if entry is None and ":" in name:
         entry = name
     if entry is None:
+        from traingym.config import did_you_mean
+
         raise UnknownTransport(f"unknown transport {name!r}; choose one of {loop_choices()}, "
-                               "or give a 'module:ATTR' path to a weights.registry.Transport")
+                               "or give a 'module:ATTR' path to a weights.registry.Transport"
+                               f"{did_you_mean(name, loop_choices())}")
     return entry if isinstance(entry, Transport) else _load(entry)
 
 
