@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from traingym import checkpoint, runlock
+from traingym.cluster.preflight import check_cluster
 from traingym.config import Config, ConfigError, did_you_mean
 from traingym.envs.base import EnvFactory
 from traingym.envs.datasets import load_rows, validate_rows
@@ -259,6 +260,7 @@ def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_datas
     caller releases it (api.train does, last); a lock never released ends with the process."""
     inputs = resolve_inputs(cfg, dataset, eval_dataset, reward, env, group_reward)
     check_model_path(cfg.model.path)  # before the run directory exists
+    check_cluster(cfg.cluster)  # ray importable, its address answers (cluster/preflight.py)
     lock = take_run_dir(run_dir, cfg, resume)
     try:
         run, start_step = _build_run(cfg, run_dir, resume, inputs, progress)

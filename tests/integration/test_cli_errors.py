@@ -7,6 +7,7 @@ show that no traceback reaches the terminal. A reward raising mid-run exits 1.
 
 import subprocess
 import sys
+from importlib.util import find_spec
 
 import pytest
 
@@ -100,6 +101,11 @@ CASES = [  # (id, argv with {d} for the case folder, fragment of the message)
                              f"task.reward={REWARDS}:okk"], "did you mean 'ok'?"),
     ("reward without colon", ["train", "--set", "task.dataset={d}/ok.jsonl", "--set",
                               f"task.reward={REWARDS}"], "expected 'module:function'"),
+    ("ray address nobody listens on", ["train", "--set", "mode=async", "--set",
+                                       "weights.transport=tcp", "--set", "cluster.type=ray",
+                                       "--set", "cluster.address=127.0.0.1:1"],
+     "cluster.address='127.0.0.1:1': cannot connect" if find_spec("ray")
+     else "cluster.type='ray' needs the ray package"),
     ("env not importable", ["train", "--set", "task.env=tg_no_such_module:Env"],
      "task.env='tg_no_such_module:Env'"),
 ]
