@@ -144,6 +144,18 @@ def resolve_inputs(cfg: Config, dataset=None, eval_dataset=None, reward=None, en
     return Inputs(train_rows, eval_rows, reward_fn, env, group_reward)
 
 
+def _changed_keys(a: dict, b: dict, prefix: str = "") -> set[str]:
+    """The dotted keys whose values differ between two resolved configs."""
+    out = set()
+    for k in a.keys() | b.keys():
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out |= _changed_keys(x, y, f"{prefix}{k}.")
+        elif x != y:
+            out.add(prefix + k)
+    return out
+
+
 def prepare_run_dir(run_dir: Path, cfg: Config, resume: bool) -> None:
     """Never silently overwrite another run: a folder holding a run needs --resume."""
     config_path = run_dir / "config.json"
@@ -152,11 +164,17 @@ def prepare_run_dir(run_dir: Path, cfg: Config, resume: bool) -> None:
         if not resume:
             raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it "
                                   "or choose another --run-dir")
-        previous = json.loads(config_path.read_text())
-        if {k: v for k, v in previous.items() if k != "steps"} != \
-           {k: v for k, v in resolved.items() if k != "steps"}:
-            raise FileExistsError(f"{run_dir} holds a run with a different config; only "
-                                  "`steps` may change on --resume")
+        try:
+            previous = json.loads(config_path.read_text())
+        except json.JSONDecodeError as e:  # a start that died while writing it
+            raise ConfigError(f"{config_path} is not valid JSON ({e.msg}), so the run cannot "
+                              "be resumed; move the folder away or choose another --run-dir") \
+                from None
+        changed = _changed_keys(previous, resolved) - {"steps"}
+        if changed:
+            raise FileExistsError(f"{run_dir} holds a run with a different config "
+                                  f"({', '.join(sorted(changed)[:5])} differ); only `steps` "
+                                  "may change on --resume")
     elif resume:
         raise FileNotFoundError(f"--resume: {run_dir} holds no run to resume")
     if run_dir.exists() and not run_dir.is_dir():
