@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from traingym import plan
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse whose usage errors are one `traingym: ...` line and exit code 2 (not the usage
@@ -39,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("config", nargs="?")
     c.add_argument("--preset", default="default")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    plan.add_parser(sub)
     return p
 
 
@@ -72,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
 def _command(args: argparse.Namespace) -> int:
     from traingym.config import ConfigError, build_config
 
+    if args.command == "plan":
+        return plan.run(args)
     if getattr(args, "resume", False) and not args.run_dir:
         raise ConfigError("--resume needs --run-dir (the folder of the run to continue)")
     cfg = build_config(args.preset, args.config, args.overrides)

@@ -34,7 +34,7 @@ class _Strict(BaseModel):
 
 class ModelConfig(_Strict):
     path: str = Field("embedded", description="'embedded' (SmolLM2-135M-Instruct), 'tiny' (a "
-                      "~1M-param model with a tokenizer trained on the fly), or a local HF folder")
+                      "0.1M-param Llama with a tokenizer trained on the fly), or a local HF folder")
     engine_dtype: Literal["bfloat16", "float32"] = Field(
         "bfloat16", description="dtype of the rollout engine's copy of the weights")
 
@@ -144,7 +144,9 @@ class CheckpointConfig(_Strict):
 
 
 class WeightsConfig(_Strict):
-    """How the trainer's weights reach the engine after each step (weights/colocated.py)."""
+    """How the trainer's weights reach the engines after each step: the colocated engine in
+    sync mode (weights/colocated.py), engine processes or Ray actors in async mode
+    (cluster/local.py, cluster/ray.py)."""
 
     codec: str = Field("auto", description="'delta' (only what changed, against the engine's "
                        "version), 'full' (every byte), or 'auto' (delta unless full is "
@@ -195,7 +197,8 @@ class AsyncConfig(_Strict):
                             " x rollout.prompts_per_step")
     recycle: bool = Field(True, description="a dropped (too stale) group's prompt is sampled "
                           "again; False: it is skipped and the next prompt is taken")
-    engines: int = Field(1, ge=1, description="rollout engine processes")
+    engines: int = Field(1, ge=1, description="rollout engine processes (Ray actors with "
+                         "cluster.type='ray')")
     is_correction: Literal["none", "tis", "mis"] = Field(
         "tis", description="importance-sampling correction for the gap between the engine's "
         "log-probs and the trainer's: truncated (tis), masked (mis) or none")
@@ -214,8 +217,9 @@ class AsyncConfig(_Strict):
 
 
 class ClusterConfig(_Strict):
-    """Where the engines run (cluster/): local processes, or actors on a Ray cluster
-    (cluster/ray.py; needs the `ray` extra and mode='async')."""
+    """Where the engines, the trainer's ranks 1.. (trainer.data_parallel) and the sandbox
+    workers run (cluster/): local processes, or actors on a Ray cluster (cluster/ray.py,
+    trainer/ray_ranks.py, cluster/ray_sandboxes.py; needs the `ray` extra and mode='async')."""
 
     type: Literal["local", "ray"] = Field("local", description="local: engine processes on "
                                           "this machine; ray: engine actors on a Ray cluster")

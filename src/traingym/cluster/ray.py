@@ -17,8 +17,9 @@ With `cluster.sandbox_workers` the envs' sandboxed code runs in sandbox worker a
 nodes (cluster/ray_sandboxes.py), placed before the engines; the last step record lists
 each worker's node and sessions (`async_sandbox_workers`).
 
-Not covered: the trainer as an actor or data-parallel trainer actors (the trainer is the
-driver), weight transports other than tcp, engines on GPUs (bundles ask for CPU only), a
+Not covered: rank 0 of the trainer as an actor (it is the driver; ranks 1.. of
+trainer.data_parallel are Ray actors, trainer/ray_ranks.py), weight transports that do not
+cross nodes (weights/registry.py: tcp does), engines on GPUs (bundles ask for CPU only), a
 driver that cannot reach the engines' nodes directly (tcp connects to the driver's node IP).
 """
 

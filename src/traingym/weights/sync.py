@@ -31,8 +31,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
-
 from traingym.weights.base import (CODECS, BaseMismatch, IntegrityError, Payload, PeerDead,
                                    Receiver, Sender, State, TransportTimeout)
 from traingym.weights.codecs import apply  # also fills CODECS
@@ -286,8 +284,3 @@ class Subscriber:
                 raise TransportTimeout(f"version {version} not reached in {timeout}s")
             self.poll(left)
         return self.state
-
-
-def as_state(module: torch.nn.Module) -> State:
-    """A module's tensors as a state whose tensors alias the module's storage."""
-    return {k: v.detach() for k, v in module.state_dict().items()}
