@@ -19,7 +19,8 @@ Transports: any the loop can select in the registry (registry.py): inproc (hande
 memory), shm (/dev/shm, removed on close), tcp (loopback sockets, a free port), filesystem
 (`<run dir>/weights`, removed on close), or a "module:ATTR" record from another package.
 Not covered: the dist transport (it needs a process group; its registry entry says why),
-engines in other processes (cluster/local.py).
+engines in other processes (async mode: cluster/local.py's Publisher and each engine
+process's Subscriber, cluster/engine_process.py).
 """
 
 from __future__ import annotations
