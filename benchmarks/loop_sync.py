@@ -4,18 +4,27 @@ Runs the loop (default config unless --preset/--set say otherwise) once per entr
 --codecs, in that (alternating) order, and prints per step what events.jsonl recorded: payload bytes, changed
 fraction, and the sync phases (cast to the engine dtype, encode + target hash, send, receive +
 verify + apply, engine update = copy into the engine's model + fused-weight refresh), then
-the engine's `fused.refresh()` timed alone.
+the engine's `fused.refresh()` timed alone. Writes every run's sync events, the medians and
+the full / delta ratio to --out (BENCHMARKS.md "In the training loop").
 
     PYTHONPATH=src OMP_NUM_THREADS=2 .venv/bin/python benchmarks/loop_sync.py --set steps=3
+    PYTHONPATH=src OMP_NUM_THREADS=2 .venv/bin/python benchmarks/loop_sync.py --set steps=4 \
+        --codecs auto,delta,full --out benchmarks/results/loop_sync_auto.json
+    PYTHONPATH=src .venv/bin/python benchmarks/loop_sync.py --preset tiny --set steps=2 \
+        --codecs delta,full --out /tmp/loop_sync_smoke.json                     # smoke
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 from traingym.config import build_config
 from traingym.loop import train_loop
@@ -23,6 +32,8 @@ from traingym.observability.events import read_events
 from traingym.run import build_run
 
 PHASES = ("sync_cast_s", "sync_encode_s", "sync_send_s", "sync_apply_s", "sync_engine_s")
+KEPT = ("step", "sync_codec", "sync_reason", "sync_bytes", "sync_changed_frac", "seconds_sync",
+        "seconds_step", *PHASES)  # the event fields the result file keeps
 
 
 def one_run(preset, overrides, codec, transport, root: Path) -> tuple[list[dict], float | None]:
@@ -51,6 +62,7 @@ def main() -> None:
     p.add_argument("--transport", default="inproc")
     p.add_argument("--codecs", default="delta,full,delta,full",
                    help="runs in this order (alternate them: the machine is shared and noisy)")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results/loop_sync.json"))
     args = p.parse_args()
     runs = []
     with tempfile.TemporaryDirectory() as root:
@@ -78,8 +90,19 @@ def main() -> None:
         print(f"{codec}: median sync {medians[codec]:.3f} s of a {step:.2f} s step "
               f"({len(events)} steps); engine update {engine:.3f} s; fused.refresh() alone "
               f"{alone}")
-    if "delta" in medians and "full" in medians:
-        print(f"full / delta sync time: {medians['full'] / medians['delta']:.2f}x")
+    ratio = medians["full"] / medians["delta"] if "delta" in medians and "full" in medians \
+        else None
+    if ratio is not None:
+        print(f"full / delta sync time: {ratio:.2f}x")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({
+        "args": vars(args), "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+        "loadavg_at_end": os.getloadavg(),
+        "runs": [{"codec": codec, "refresh_alone_s": refresh,
+                  "events": [{k: e[k] for k in KEPT} for e in events]}
+                 for codec, events, refresh in runs],
+        "median_sync_s": medians, "full_over_delta_sync_time": ratio}, indent=1))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
