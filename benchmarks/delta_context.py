@@ -2,6 +2,7 @@
 the delta codec's streams cost against those bounds.
 
     python benchmarks/delta_context.py [--steps 20] [--lr 1e-6] [--cache DIR] [--at 1,2,3,20]
+    python benchmarks/delta_context.py --steps 2 --at 1,2 --out /tmp/delta_context_smoke.json
 
 Same workload as benchmarks/weight_sync.py (SmolLM2-135M, AdamW on a policy-gradient
 surrogate, bf16 states). For each chosen step, in bits per changed element:
@@ -15,9 +16,12 @@ surrogate, bf16 states). For each chosen step, in bits per changed element:
   codec's value stream as sent; and the alternative it replaced (exponent class through zstd
   plus raw low bits, in the same order).
 Entropies are empirical (the model's description is not counted). A measurement, not a codec.
+Writes the raw bit totals and the per-changed-element figures of each step to --out
+(BENCHMARKS.md "Where the bits go": benchmarks/results/delta_context.json).
 """
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -118,11 +122,18 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--cache", help="state cache folder, as in weight_sync.py")
     ap.add_argument("--at", default="1,2,3,20", help="steps to measure")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results/delta_context.json"))
     args = ap.parse_args()
     states = rl_stream(args.steps, args.lr, args.cache)
+    steps = {}
     for i in (int(x) for x in args.at.split(",")):
         r = measure(states[i - 1], states[i])
         f = {k: v / r["n"] for k, v in r.items()}
+        steps[i] = {"totals": r, "changed_frac": r["n"] / r["N"],
+                    "tier_s_elements_frac": r["tier_s"] / r["N"],
+                    "tier_s_changes_frac": r["changed_in_s"] / r["n"],
+                    "bits_per_changed": {k: v for k, v in f.items()
+                                         if k.startswith(("pos_", "val_"))}}
         print(f"step {i}: {100 * r['n'] / r['N']:.2f}% of the sparse-coded bf16 elements changed; "
               "bits per changed element")
         print(f"  tier S (below the tiered tensors' thresholds): "
@@ -134,6 +145,10 @@ def main():
         print("  values:    zeroth-order {val_h0:.2f}  given old exponent {val_exp:.2f}  "
               "codec {val_codec:.2f}  (class + raw low bits instead: {val_classes:.2f})"
               .format(**f), flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"args": {k: v for k, v in vars(args).items()
+                                                   if k != "cache"}, "steps": steps}, indent=1))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
