@@ -18,8 +18,8 @@ With `trainer.data_parallel = 2`, rank 1 is an actor on the other node: DDP over
 the nodes equals one process; and the whole async loop runs with it.
 
 Without ray installed (the `ray` extra) the cluster tests skip, and fail under CI=true, which
-must run them (tests/prereq.py); so does the sandbox test without a working bwrap. Not covered: more than one
-engine, a killed node, sandbox worker or trainer rank actor.
+must run them (tests/prereq.py); so does the sandbox test without a working bwrap. Not covered:
+more than one engine, a killed node, sandbox worker or trainer rank actor.
 """
 
 from __future__ import annotations
@@ -299,7 +299,7 @@ def test_data_parallel_ranks_on_two_nodes_equal_one_process(two_nodes):
     import copy
 
     import ray
-    from dp_batches import RTOL, close, rel
+    from dp_batches import WEIGHTS_RTOL, close, rel
     from dp_batches import batch as make_batch
 
     from traingym.models.loader import load_policy
@@ -320,7 +320,7 @@ def test_data_parallel_ranks_on_two_nodes_equal_one_process(two_nodes):
             got, want = dp.train_step(make_batch(step)), ref.train_step(make_batch(step))
             for k in ("loss", "grad_norm", "trained_tokens"):
                 assert close(got[k], want[k]), (step, k, got[k], want[k])
-        assert rel(dp.export(), ref.export()) < RTOL
+        assert rel(dp.export(), ref.export()) < WEIGHTS_RTOL
     finally:
         dp.close()
     assert not ray.is_initialized()  # the trainer joined the cluster, so it left it

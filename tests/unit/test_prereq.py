@@ -1,7 +1,7 @@
 """The tests' one rule for a missing prerequisite (tests/prereq.py): skip locally, fail under CI."""
 
-import pytest
 import prereq
+import pytest
 from prereq import missing, require, require_sandbox
 
 
