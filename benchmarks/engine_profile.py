@@ -1,12 +1,18 @@
 """Time and profile one built-in engine call: 16 arith prompts x 64 greedy tokens, bf16.
 
-    python benchmarks/engine_profile.py [--plain-hf-forward]
+    python benchmarks/engine_profile.py [--plain-hf-forward] [--out FILE]   # FILE default:
+                                                  benchmarks/results/engine_profile.json
 
-Prints the wall time of one warm call and the torch profiler's top ops (where decode time goes).
+Prints the wall time of one warm call and the torch profiler's top ops (where decode time goes),
+and writes both to --out. One call: single figures move by 20-35% between runs on a shared
+machine (BENCHMARKS.md); compare commits side by side, not against an old figure.
 """
 
 import argparse
+import json
+import os
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -21,6 +27,7 @@ from traingym.types import GenerationRequest, SamplingParams
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--plain-hf-forward", action="store_true", help="engine without the fused path")
+    ap.add_argument("--out", default="benchmarks/results/engine_profile.json")
     args = ap.parse_args()
     torch.set_num_threads(2)
     folder = embedded_model_dir()
@@ -32,10 +39,19 @@ def main():
     engine.generate_sync(reqs)  # warm-up
     t0 = time.perf_counter()
     engine.generate_sync(reqs)
-    print(f"one call, 16 x 64 greedy tokens: {time.perf_counter() - t0:.2f} s")
+    one_call_s = time.perf_counter() - t0
+    print(f"one call, 16 x 64 greedy tokens: {one_call_s:.2f} s")
     with torch.profiler.profile() as prof:
         engine.generate_sync(reqs)
+    ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:25]
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({
+        "fused": not args.plain_hf_forward, "threads": 2, "torch": torch.__version__,
+        "loadavg_at_end": os.getloadavg(), "one_call_s": one_call_s,
+        "top_ops_self_cpu": [{"name": e.key, "self_cpu_s": e.self_cpu_time_total / 1e6,
+                              "calls": e.count} for e in ops]}, indent=1))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
