@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from traingym.config import build_config
+from traingym.config_load import build_config
 from traingym.loop import train_loop
 from traingym.observability.events import read_events
 from traingym.run import build_run

@@ -9,12 +9,13 @@ cluster, 8 prompts per GPU (64, 512 and 4096 prompts x 16 samples at 8, 64 and 5
 same work per GPU per step, so the step time stays comparable; 512 x 16 at 64 GPUs is the
 reference workload), plus a 512-GPU run at the fixed 512 x 16 batch. One optimizer step per RL step.
 
-GPU-side rates are assumptions from published figures (traingym/plan.py GPU_PRESETS "h100",
-each with its source, used unscaled: they were measured on an 8B model; docs/scale.md discusses
-them); the CPU-side costs of weight sync are the delta codec's figures measured here, read from
-benchmarks/results/weight_sync_compress.json (plan.codec_figures; BENCHMARKS.md "Weight sync").
+GPU-side rates are assumptions from published figures (traingym/cluster/planner.py
+GPU_PRESETS "h100", each with its source, used unscaled: they were measured on an 8B model;
+docs/scale.md discusses them); the CPU-side costs of weight sync are the delta codec's
+figures measured here, read from benchmarks/results/weight_sync_compress.json
+(planner.codec_figures; BENCHMARKS.md "Weight sync").
 The configurations, their weight-sync costs and the sizing are `traingym plan`'s
-(plan.candidates, plan.size_row), per scale:
+(cluster/planner.py: planner.candidates, planner.size_row), per scale:
 - sync: colocated (every GPU trains, then generates; trainer_gpus = engines = GPUs), full
   weights in place (the publisher's and the subscriber's hashes);
 - async, staleness 1 and 2: the trainer/engine split searched by simulate.size_cluster (every
@@ -45,12 +46,12 @@ import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from traingym import plan
+from traingym.cluster import planner
 from traingym.cluster.simulate import SimConfig
 
 GB = 1e9
-H100 = plan.GPU_PRESETS["h100"]
-CLUSTER = plan.TargetCluster()  # link defaults: 100 Gbit/s Ethernet, 400 Gbit/s InfiniBand
+H100 = planner.GPU_PRESETS["h100"]
+CLUSTER = planner.TargetCluster()  # link defaults: 100 Gbit/s Ethernet, 400 Gbit/s InfiniBand
 # name: (value, source). GPU-side figures are published, not measured here.
 ASSUMPTIONS = {
     "params": (7e9, "7B-class policy (stated workload)"),
@@ -75,7 +76,7 @@ ASSUMPTIONS = {
                              "trainer keeps fp32 masters and would all-reduce 4)"),
 }
 A = {k: v for k, (v, _) in ASSUMPTIONS.items()}
-CODEC = plan.codec_figures()  # benchmarks/results/weight_sync_compress.json
+CODEC = planner.codec_figures()  # benchmarks/results/weight_sync_compress.json
 MEASURED = {
     "delta_changed_fraction": (CODEC.changed_fraction, f"{CODEC.source}: SmolLM2-135M, "
                                "lr 1e-6 (the tiered codec's run)"),
@@ -90,10 +91,10 @@ MEASURED = {
 PROMPT_TOKENS, COMPLETION_TOKENS, GROUP = 512, 1024, 16
 
 
-def cluster(gpus: int) -> plan.TargetCluster:
+def cluster(gpus: int) -> planner.TargetCluster:
     """The H100 cluster with the preset's rates given as they are (measured on an 8B model,
     used for the 7B-class workload unscaled)."""
-    return plan.check_cluster(plan.TargetCluster(
+    return planner.check_cluster(planner.TargetCluster(
         gpus=gpus, decode_tokens_per_s=A["decode_tokens_per_s_per_gpu"],
         seq_tokens_per_s=A["seq_tokens_per_s"],
         train_tokens_per_s=A["train_tokens_per_s_per_gpu"],
@@ -101,8 +102,8 @@ def cluster(gpus: int) -> plan.TargetCluster:
         internode_bytes_per_s=A["allreduce_bytes_per_s_ib"]))
 
 
-def workload(gpus: int, prompts: int) -> plan.Workload:
-    return plan.Workload(
+def workload(gpus: int, prompts: int) -> planner.Workload:
+    return planner.Workload(
         params=A["params"], weight_bytes_per_param=2,
         grad_bytes_per_param=A["grad_bytes_per_param"], prompts_per_step=prompts,
         group_size=GROUP, prompt_tokens=PROMPT_TOKENS, completion_tokens=COMPLETION_TOKENS,
@@ -113,18 +114,19 @@ def workload(gpus: int, prompts: int) -> plan.Workload:
 def rows(gpus: int, prompts: int, steps: int) -> list[tuple[str, SimConfig, str]]:
     """(name, simulator config, why not runnable) of each configuration compared."""
     c = cluster(gpus)
-    return plan.candidates(workload(gpus, prompts), c, plan.rates(c, A["params"]), CODEC, steps)
+    return planner.candidates(workload(gpus, prompts), c, planner.rates(c, A["params"]), CODEC,
+                              steps)
 
 
 def plan_row(name: str, base: SimConfig, gpus: int, runnable: str = "",
              full: bool = True) -> dict:
-    return asdict(plan.size_row(name, base, cluster(gpus), runnable, full))
+    return asdict(planner.size_row(name, base, cluster(gpus), runnable, full))
 
 
 def delta_on_cores(base: SimConfig, gpus: int, prompts: int, cores: int) -> SimConfig:
     """`base` with delta weights over tcp, the codec on `cores` cores."""
-    return plan.with_weights(base, workload(gpus, prompts), cluster(gpus), CODEC, "delta",
-                             "tcp", codec_cores=cores)
+    return planner.with_weights(base, workload(gpus, prompts), cluster(gpus), CODEC, "delta",
+                                "tcp", codec_cores=cores)
 
 
 def sensitivity(name: str, base: SimConfig, gpus: int) -> list[dict]:

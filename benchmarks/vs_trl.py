@@ -52,7 +52,7 @@ def peak_rss_gb() -> float:
 
 def run_traingym(a, work: Path) -> dict:
     import traingym
-    from traingym.config import build_config
+    from traingym.config_load import build_config
 
     cfg = build_config(overrides={
         "seed": a.seed, "steps": a.steps, "threads": a.threads,

@@ -15,7 +15,7 @@ _LAZY = {
     "train": ("traingym.api", "train"),
     "TrainResult": ("traingym.api", "TrainResult"),
     "Config": ("traingym.config", "Config"),
-    "build_config": ("traingym.config", "build_config"),
+    "build_config": ("traingym.config_load", "build_config"),
     "ConfigError": ("traingym.config", "ConfigError"),
     "Sample": ("traingym.types", "Sample"),
     "Completion": ("traingym.types", "Completion"),

@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from traingym.config import Config, build_config, validate
+from traingym.config import Config
+from traingym.config_load import build_config, validate
 from traingym.evaluate import Score
 from traingym.loop import train_loop
 from traingym.preempt import Preemption

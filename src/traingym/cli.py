@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from traingym.config import ConfigError, build_config
+    from traingym.config import ConfigError
+    from traingym.config_load import build_config
 
     if args.command == "plan":
         return plan.run(args)

@@ -1,19 +1,17 @@
-"""One typed config per run: defaults that work, TOML/YAML/JSON files, `--set a.b=c` overrides.
+"""One typed config per run: the schema (a pydantic section per concern, `Config` over them),
+its defaults that work, the presets, and the checks across fields and sections.
 
-Unknown keys fail at load time and name the closest valid one ("did you mean 'steps'?").
-Presets are partial configs merged under the user's values: a preset never drops a value the
-user set.
+Loading (TOML/YAML/JSON files, `--set a.b=c` overrides, presets merged under the user's
+values) and the error messages that name the closest valid key: config_load.py. The error
+type (ConfigError) and the did-you-mean helpers live here, where the validators use them.
 """
 
 from __future__ import annotations
 
 import difflib
-import json
-import tomllib
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 def closest(word: str, choices) -> str | None:
@@ -314,151 +312,3 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 class ConfigError(ValueError):
     """A config that cannot run; the message names the problem and the fix."""
-
-
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def _valid_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
-    keys = []
-    for name, field in model.model_fields.items():
-        ann, name = field.annotation, field.alias or name
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            keys += _valid_keys(ann, f"{prefix}{name}.")
-        else:
-            keys.append(prefix + name)
-    return keys
-
-
-def _parse_value(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def parse_overrides(pairs: list[str]) -> dict:
-    """['a.b=1', 'c=x'] -> {'a': {'b': 1}, 'c': 'x'} (values parsed as JSON when they are)."""
-    out: dict = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise ConfigError(f"--set {pair!r}: expected key=value, e.g. --set trainer.lr=1e-5")
-        key, value = pair.split("=", 1)
-        parts = [part.strip() for part in key.split(".")]
-        if not all(parts):
-            raise ConfigError(f"--set {pair!r}: {key.strip()!r} is not a key; expected dotted "
-                              "names, e.g. --set trainer.lr=1e-5")
-        node = out
-        for i, part in enumerate(parts[:-1]):
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {pair!r}: an earlier --set gave "
-                                  f"'{'.'.join(parts[:i + 1])}' the value {node!r}, so it "
-                                  "has no keys below it")
-        node[parts[-1]] = _parse_value(value)
-    return out
-
-
-def _parse_file(path: Path, text: str) -> Any:
-    """The file's contents parsed by its suffix; a syntax error names the file and line."""
-    if path.suffix == ".toml":
-        try:
-            return tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {path}: not valid TOML: {e}") from None
-    if path.suffix in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            return yaml.safe_load(text) or {}
-        except yaml.YAMLError as e:
-            where = getattr(e, "problem_mark", None)
-            at = f" (at line {where.line + 1}, column {where.column + 1})" if where else ""
-            problem = getattr(e, "problem", None) or type(e).__name__
-            raise ConfigError(f"config file {path}: not valid YAML: {problem}{at}") from None
-    if path.suffix == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"config file {path}: not valid JSON: {e.msg} (at line "
-                              f"{e.lineno}, column {e.colno})") from None
-    raise ConfigError(f"config file {path}: use .toml, .yaml/.yml or .json")
-
-
-def load_file(path: str | Path) -> dict:
-    """A config file as a dict of sections; names the file and the problem when it is not."""
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"config file {path} is a directory; give a .toml, .yaml or .json file")
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config file {path} cannot be read as text: {e}") from None
-    data = _parse_file(path, text)
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: expected keys and sections at the top level "
-                          f"(e.g. steps = 10), got a {type(data).__name__}")
-    return data
-
-
-def build_config(preset: str = "default", file: str | Path | None = None,
-                 overrides: list[str] | dict | None = None) -> Config:
-    """Preset, then file, then overrides; fails on unknown keys before any work starts."""
-    if preset not in PRESETS:
-        raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}"
-                          f"{did_you_mean(preset, PRESETS)}")
-    data = dict(PRESETS[preset])
-    if file is not None:
-        data = _merge(data, load_file(file))
-    if overrides:
-        over = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
-        data = _merge(data, over)
-    return validate(data)
-
-
-def _unknown_key(loc: str, value: Any) -> str:
-    """'unknown key ...' with the closest valid key: a sibling in the same section first, then
-    the same name in another section, else the section's valid keys (never all of them)."""
-    keys = _valid_keys(Config)
-    names = set(keys) | {k.rsplit(".", 1)[0] for k in keys if "." in k}  # keys and sections
-    parent, _, leaf = loc.rpartition(".")
-    what = "section" if isinstance(value, dict) else "key"
-    siblings = sorted(n.rpartition(".")[2] for n in names if n.rpartition(".")[0] == parent)
-    match = closest(leaf, siblings)
-    if match:
-        return f"unknown {what} {loc!r}; did you mean {(parent + '.' if parent else '') + match!r}?"
-    elsewhere = sorted(n for n in names if n.rpartition(".")[2] == leaf)
-    if elsewhere:
-        return f"unknown {what} {loc!r}; did you mean {elsewhere[0]!r}?"
-    where = f"in '{parent}'" if parent else "at the top level"
-    return f"unknown {what} {loc!r}; valid keys {where}: {', '.join(siblings)}"
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def validate(data: dict) -> Config:
-    try:
-        return Config.model_validate(data)
-    except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                problems.append(_unknown_key(loc, err["input"]))
-            elif not loc:  # a check across sections
-                problems.append(msg)
-            elif err["type"] == "value_error":  # our validators name the value themselves
-                problems.append(f"'{loc}': {msg}")
-            else:
-                problems.append(f"'{loc}': {msg} (got {_shown(err['input'])})")
-        raise ConfigError("invalid config: " + "; ".join(problems)) from None

@@ -1,6 +1,7 @@
 import pytest
 
-from traingym.config import ConfigError, build_config, parse_overrides
+from traingym.config import ConfigError
+from traingym.config_load import build_config, parse_overrides
 
 
 def test_defaults_validate():
