@@ -7,7 +7,9 @@ path, run directory) ends in one `traingym: ...` line on stderr and exit code 2,
 work starts; `main` maps those error types in one place. A run that fails on its own (a reward
 function raising mid-run) exits 1. SIGTERM stops a run at its next step with a checkpoint, one
 `traingym: stopped by SIGTERM after step N; resume with: ...` line and exit code 143
-(preempt.py). Anything else is a bug and keeps its traceback.
+(preempt.py). Other exceptions keep their traceback. Limit: the input-error types are caught
+around the whole run, so a FileNotFoundError or FileExistsError raised by a bug mid-run also
+ends as one line and exit 2.
 """
 
 from __future__ import annotations

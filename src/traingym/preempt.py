@@ -16,7 +16,7 @@ to an uninterrupted one. Further SIGTERMs while stopping change nothing; a SIGIN
 that is never loaded (checkpoint.py writes COMMITTED last), so resume uses the previous one.
 
 Limits: the request is honoured at step boundaries only: SIGTERM while the run is built or
-evaluated before training stops it after the first step; during the evaluation after the last step it is not
+evaluated before training stops it after the first step; during the last step or the evaluation after it, it is not
 honoured (the run finishes). A step must fit in the scheduler's grace period. The handler is
 installed only when `train` runs in the main thread (Python delivers signals there) and
 the previous handler is restored when it returns; a SIGTERM that the caller set to be ignored

@@ -156,8 +156,9 @@ def _changed_keys(a: dict, b: dict, prefix: str = "") -> set[str]:
     return out
 
 
-def prepare_run_dir(run_dir: Path, cfg: Config, resume: bool) -> None:
-    """Never silently overwrite another run: a folder holding a run needs --resume."""
+def prepare_run_dir(run_dir: Path, cfg: Config, resume: bool, write: bool = True) -> None:
+    """Never silently overwrite another run: a folder holding a run needs --resume. Creates
+    the folder; writes config.json only with `write` (under the run directory's lock)."""
     config_path = run_dir / "config.json"
     resolved = cfg.model_dump(mode="json")
     if config_path.exists():
@@ -185,7 +186,8 @@ def prepare_run_dir(run_dir: Path, cfg: Config, resume: bool) -> None:
     except OSError as e:  # a file in its path, no permission, read-only filesystem
         raise ConfigError(f"--run-dir {run_dir}: cannot create it ({e.strerror}); choose "
                           "another --run-dir") from None
-    config_path.write_text(json.dumps(resolved, indent=1))
+    if write:
+        config_path.write_text(json.dumps(resolved, indent=1))
 
 
 @dataclass
@@ -210,9 +212,11 @@ class Run:
     resources: RunResources = field(default_factory=RunResources)  # envs' pools (envs/resources.py)
 
     def close(self) -> None:
-        self.rollouts.close()
-        self.resources.close()  # after every runner of the run closed its loop's part
-        self.weights.close()
+        try:
+            self.rollouts.close()
+            self.resources.close()  # after every runner of the run closed its loop's part
+        finally:
+            self.weights.close()
 
     def maybe_checkpoint(self, step: int, loop_state: dict | None = None) -> bool:
         """Save after `step` if due; `loop_state` (JSON) is kept with the data position."""
@@ -232,6 +236,8 @@ class Run:
         """At the end of `step` (its record written): if SIGTERM came, commit a checkpoint of
         the step (unless `saved`, it was just written) and raise RunPreempted (preempt.py)."""
         if self.preemption is None or self.preemption.requested is None:
+            return
+        if step + 1 == self.cfg.steps:  # the last step: the run ends as it would anyway
             return
         if not saved:
             self.save_checkpoint(step, loop_state)
@@ -292,14 +298,14 @@ def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_datas
 def take_run_dir(run_dir: Path, cfg: Config, resume: bool) -> runlock.RunLock:
     """prepare_run_dir under the run directory's lock (runlock.py): one process at a time reads
     and writes a run directory. A path that is not a folder yet is checked and created by
-    prepare_run_dir first (its errors, nothing locked); the check is redone under the lock,
-    which also catches another run that made the same new folder at the same moment."""
-    new = not run_dir.is_dir()
-    if new:
-        prepare_run_dir(run_dir, cfg, resume)
+    prepare_run_dir first (its errors, nothing locked, nothing written); the check is redone
+    and config.json written only under the lock, so of two runs that make the same new folder
+    at the same moment, the second is refused (the folder is in use, or holds a run)."""
+    if not run_dir.is_dir():
+        prepare_run_dir(run_dir, cfg, resume, write=False)
     lock = runlock.acquire(run_dir)
     try:
-        prepare_run_dir(run_dir, cfg, resume or new)
+        prepare_run_dir(run_dir, cfg, resume)
     except BaseException:
         lock.release()
         raise

@@ -14,13 +14,13 @@ exits 2), naming the holder's pid, host, start and command:
 - the flock is free but the record names a live process on this host (a filesystem that
   ignores flock);
 - the flock is free but the record names another host whose heartbeat is younger than
-  `STALE_S` (a shared filesystem that does not carry flock between machines).
+  `STALE_BEATS` heartbeats, 15 s (a shared filesystem that does not carry flock between machines).
 A record from another host with an older heartbeat is a run that died there: it is taken
 over with a warning line on stderr. An empty record, or one naming a dead process on this
 host, is taken over silently.
 
 Limits: the cross-host check compares wall clocks, so hosts must agree on the time to within a
-few seconds (NTP); a holder whose heartbeat thread cannot run for `STALE_S` (the GIL held by
+few seconds (NTP); a holder whose heartbeat thread cannot run for 15 s (the GIL held by
 one C call that long, a frozen host) looks dead to another host. Two hosts that read the
 stale record at the same instant can both take it over. Engine processes and trainer ranks
 start with spawn and never inherit the lock (Python opens files close-on-exec).
@@ -39,7 +39,8 @@ from pathlib import Path
 
 LOCK_NAME = "run.lock"
 HEARTBEAT_S = 5.0
-STALE_S = 3 * HEARTBEAT_S
+STALE_BEATS = 3  # a record from another host whose heartbeat is older than this many beats is gone
+RECORD_BYTES = 1024  # the record's fixed length on disk (longer records are written whole)
 
 
 class RunDirInUse(FileExistsError):
@@ -90,14 +91,22 @@ class RunLock:
 
     def _write(self) -> None:
         self.record["heartbeat"] = time.time()
-        data = json.dumps(self.record).encode()
-        os.pwrite(self._fd, data, 0)  # then cut: a reader never sees an empty record
+        # Padded to a fixed length and written in place: a reader never sees an empty or a
+        # half-shortened record (json.loads ignores the trailing spaces).
+        data = json.dumps(self.record).ljust(RECORD_BYTES).encode()
+        os.pwrite(self._fd, data, 0)
         os.ftruncate(self._fd, len(data))
         os.fsync(self._fd)
 
     def _beat(self, every: float) -> None:
         while not self._stop.wait(every):
-            self._write()
+            try:
+                self._write()
+            except OSError as e:  # the run goes on; other hosts may then see it as gone
+                print(f"traingym: warning: cannot refresh the heartbeat in "
+                      f"{self.run_dir / LOCK_NAME} ({e}); a run on another host may take this "
+                      "run directory over", file=sys.stderr)
+                return
 
     @property
     def held(self) -> bool:
@@ -171,7 +180,7 @@ def acquire(run_dir: Path, heartbeat_s: float = HEARTBEAT_S,
     except BlockingIOError:
         flock_held = True
     reason, warning = _refusal(run_dir, _read(fd), flock_held,
-                               3 * heartbeat_s if stale_s is None else stale_s)
+                               STALE_BEATS * heartbeat_s if stale_s is None else stale_s)
     if reason is not None:
         os.close(fd)  # closing drops our flock, if we got it
         raise RunDirInUse(reason)

@@ -181,8 +181,7 @@ class EngineProcess:
     async def serve(self) -> None:
         import time
 
-        tasks: set[asyncio.Task] = set()
-        self.jobs = tasks  # closed by main() when serving ends
+        tasks = self.jobs  # set by main(), which ends those still running when serving ends
         waiting: deque[Job] = deque()  # sent after weights that have not arrived yet
         while True:
             if os.getppid() != self.parent:

@@ -93,7 +93,7 @@ def _load(path: str) -> Transport:
                                    "'my_pkg.my_transport:TRANSPORT'")
         try:
             mod = importlib.import_module(module)
-        except ImportError as e:
+        except (ImportError, SyntaxError) as e:
             raise UnknownTransport(f"transport path {path!r}: cannot import {module!r} ({e}); "
                                    "is its package installed or on sys.path?") from e
         entry = getattr(mod, attr, None)
