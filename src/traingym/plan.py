@@ -80,9 +80,10 @@ def add_parser(subparsers) -> None:
 
 def target_cluster(args) -> TargetCluster:
     """The cluster from --cluster's file, then the flags."""
-    import difflib
     import tomllib
     from dataclasses import replace
+
+    from traingym.config import did_you_mean
 
     c = TargetCluster()
     names = [f.name for f in fields(TargetCluster)]
@@ -96,9 +97,8 @@ def target_cluster(args) -> TargetCluster:
             raise bad(f"--cluster {path}: not TOML: {e}") from None
         for key, value in data.items():
             if key not in names:
-                near = difflib.get_close_matches(key, names, 1)
                 raise bad(f"--cluster {path}: unknown key {key!r}"
-                          + (f"; did you mean {near[0]!r}?" if near else f"; keys: {names}"))
+                          + (did_you_mean(key, names) or f"; keys: {names}"))
             want = type(getattr(c, key))
             if not isinstance(value, (int, float, str)) or isinstance(value, bool) or (
                     want is str) != isinstance(value, str) or (
