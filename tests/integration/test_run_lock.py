@@ -80,16 +80,7 @@ def test_sigterm_stops_at_a_step_with_a_checkpoint_and_resumes_bitwise(tmp_path)
     traingym.train(cfg, run_dir=straight, progress=False)
 
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(_cli(run_dir, steps), env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for_step(run_dir, 2, proc)
-        proc.send_signal(signal.SIGTERM)
-        proc.send_signal(signal.SIGTERM)  # a second one changes nothing
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-        proc.wait()
+    proc, out, err, _ = _sigterm_after_step_2(_cli(run_dir, steps), run_dir, signals=2)
     assert proc.returncode == EXIT_CODE, out + err
     stopped = read_events(run_dir)[-1]["step"]
     assert 2 <= stopped < steps, f"stopped after step {stopped}: not mid-run, the test is vacuous"
@@ -118,22 +109,30 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
-def test_sigterm_stops_an_async_run_with_its_ledger_and_engines_closed(tmp_path):
-    """Async mode stops the same way; its checkpoint holds the ledger (async_feed) that a
-    --resume redoes first (tests/cluster/test_async_faults.py covers that resume path)."""
-    run_dir = tmp_path / "run"
-    proc = subprocess.Popen(_cli(run_dir, 40, "--set", "mode=async", "--set",
-                                 "weights.transport=tcp"),
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _sigterm_after_step_2(cmd: list[str], run_dir: Path, signals: int = 1):
+    """Start `cmd`, send SIGTERM `signals` times once step 2's record is written; return the
+    finished process, its stdout and stderr, and its child pids seen just before the signal."""
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     try:
         _wait_for_step(run_dir, 2, proc)
-        engines = _children(proc.pid)
-        assert engines, "no engine process found"
-        proc.send_signal(signal.SIGTERM)
+        children = _children(proc.pid)
+        for _ in range(signals):  # a second one changes nothing
+            proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
         proc.wait()
+    return proc, out, err, children
+
+
+def test_sigterm_stops_an_async_run_with_its_ledger_and_engines_closed(tmp_path):
+    """Async mode stops the same way; its checkpoint holds the ledger (async_feed) that a
+    --resume redoes first (tests/cluster/test_async_faults.py covers that resume path)."""
+    run_dir = tmp_path / "run"
+    proc, out, err, engines = _sigterm_after_step_2(
+        _cli(run_dir, 40, "--set", "mode=async", "--set", "weights.transport=tcp"), run_dir)
+    assert engines, "no engine process found"
     assert proc.returncode == EXIT_CODE, out + err
     stopped = read_events(run_dir)[-1]["step"]
     assert stopped < 40 and f"stopped by SIGTERM after step {stopped}; resume with:" in err
