@@ -33,8 +33,9 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     path: str = Field("embedded", description="'embedded' (SmolLM2-135M-Instruct), 'tiny' (a "
                       "0.1M-param Llama with a tokenizer trained on the fly), or a local HF folder")
-    engine_dtype: Literal["bfloat16", "float32"] = Field(
-        "bfloat16", description="dtype of the rollout engine's copy of the weights")
+    engine_dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto", description="dtype of the rollout engine's copy of the weights; 'auto': "
+        "bfloat16 where the device has fast bf16 kernels, else float32 (precision.py)")
 
 
 class TaskConfig(_Strict):
@@ -67,6 +68,12 @@ class TaskConfig(_Strict):
 
 
 class RolloutConfig(_Strict):
+    engine: str = Field("torch", description="the rollout engine (rollout/registry.py): "
+                        "'torch' (built-in), 'vllm', 'sglang', 'openai' (read-only), or a "
+                        "'module:Class' path")
+    engine_options: dict[str, Any] = Field(
+        default_factory=dict, description="the engine's own settings, checked against its "
+        "Options model (e.g. vllm: python, gpu_memory_utilization)")
     prompts_per_step: int = Field(16, ge=1, description="prompts (groups) per optimizer step")
     group_size: int = Field(4, ge=2, description="completions sampled per prompt (G)")
     temperature: float = Field(1.0, gt=0, description="training sampling temperature")
@@ -81,6 +88,17 @@ class RolloutConfig(_Strict):
     max_context_tokens: int = Field(2048, ge=2, description="prompt + all turns + environment "
                                     "tokens; an episode ends before its context would pass it")
 
+    @model_validator(mode="after")
+    def _known_engine(self) -> RolloutConfig:
+        from traingym.rollout import registry
+
+        try:
+            registry.options(self.engine, self.engine_options)
+        except ValueError as e:  # pydantic's ValidationError and UnknownEngine are ValueErrors
+            raise ValueError(f"rollout.engine_options for {self.engine!r}: {e}"
+                             if not isinstance(e, registry.UnknownEngine) else str(e)) from e
+        return self
+
 
 class TrainerConfig(_Strict):
     lr: float = Field(1e-5, gt=0)
@@ -88,8 +106,9 @@ class TrainerConfig(_Strict):
     betas: tuple[float, float] = (0.9, 0.99)
     grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
     micro_batch_groups: int = Field(4, ge=1, description="groups per forward/backward pass")
-    bf16_autocast: bool = Field(True, description="bf16 autocast for forward/backward; "
-                                "master weights and optimizer stay fp32")
+    bf16_autocast: bool | Literal["auto"] = Field(
+        "auto", description="bf16 autocast for forward/backward (master weights and optimizer "
+        "stay fp32); 'auto': on where the device has fast bf16 kernels (precision.py)")
     clip_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1")
     clip_high: float = Field(0.28, ge=0, description="PPO ratio clip above 1 (DAPO clip-higher)")
     kl_coef: float = Field(0.0, ge=0, description="weight of k3 KL to the initial model; 0 = off")

@@ -168,7 +168,8 @@ def workload(cfg, args, cluster: TargetCluster, params: int) -> Workload:
     if args.env_timeout_s is not None and args.env_timeout_s < 0:
         raise bad("--env-timeout-s must be >= 0")
     return Workload(
-        params=params, weight_bytes_per_param=2 if cfg.model.engine_dtype == "bfloat16" else 4,
+        params=params,  # 'auto' engine dtype: bf16 (the planned GPUs have bf16 kernels)
+        weight_bytes_per_param=4 if cfg.model.engine_dtype == "float32" else 2,
         grad_bytes_per_param=4, prompts_per_step=cfg.rollout.prompts_per_step,
         group_size=cfg.rollout.group_size, prompt_tokens=args.prompt_tokens or 256,
         completion_tokens=args.completion_tokens or cfg.rollout.max_new_tokens,

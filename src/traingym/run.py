@@ -33,6 +33,7 @@ from traingym.evaluate import as_dict, evaluate, paired_difference
 from traingym.models.loader import check_model_path, load_policy
 from traingym.observability.events import RunLog
 from traingym.observability.progress import Progress
+from traingym.precision import engine_dtype
 from traingym.preempt import Preemption, RunPreempted
 from traingym.rollout.runner import EpisodeLimits, RolloutRunner
 from traingym.rollout.torch_engine import TorchEngine
@@ -318,7 +319,7 @@ def _build_run(cfg: Config, run_dir: Path, resume: bool, inputs: Inputs,
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     model, tok = load_policy(cfg.model.path, seed=cfg.seed)
-    dtype = torch.bfloat16 if cfg.model.engine_dtype == "bfloat16" else torch.float32
+    dtype = engine_dtype(cfg.model.engine_dtype)
     engine = TorchEngine(copy.deepcopy(model), tok.pad_token_id, cfg.rollout.max_batch_rows, dtype)
     trainer = build_trainer(cfg, model, tok.pad_token_id)  # trainer/build.py
     renderer = PromptRenderer(tok, cfg.task.prefill, cfg.task.system_prompt)

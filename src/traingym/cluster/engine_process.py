@@ -107,6 +107,7 @@ class EngineProcess:
         from traingym.envs.resources import RunResources
         from traingym.envs.single_turn import SingleTurnFactory
         from traingym.models.loader import load_policy
+        from traingym.precision import engine_dtype
         from traingym.rollout.runner import EpisodeLimits, RolloutRunner
         from traingym.rollout.torch_engine import TorchEngine
         from traingym.types import SamplingParams
@@ -118,7 +119,7 @@ class EngineProcess:
         cfg, r = spec.cfg, spec.cfg.rollout
         self.requests, self.results, self.parent = requests, results, os.getppid()
         model, tok = load_policy(cfg.model.path, seed=cfg.seed)
-        dtype = torch.bfloat16 if cfg.model.engine_dtype == "bfloat16" else torch.float32
+        dtype = engine_dtype(cfg.model.engine_dtype)
         self.engine = TorchEngine(model, tok.pad_token_id, r.max_batch_rows, dtype)
         self.dtype = dtype
         self.engine.version = -1  # the built weights are never served

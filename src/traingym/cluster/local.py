@@ -41,6 +41,7 @@ import torch
 
 from traingym.cluster.engine_process import EngineSpec, Job, engine_main, tokenizer_fingerprint
 from traingym.config import ConfigError
+from traingym.precision import engine_dtype
 from traingym.weights import registry
 from traingym.weights.colocated import wire_state
 from traingym.weights.sync import Publisher, PublisherConfig
@@ -94,7 +95,7 @@ class LocalEngines:
     def __init__(self, run, start_version: int):
         cfg = run.cfg
         self.acfg, self.run_dir = cfg.async_, run.run_dir
-        self.dtype = torch.bfloat16 if cfg.model.engine_dtype == "bfloat16" else torch.float32
+        self.dtype = engine_dtype(cfg.model.engine_dtype)
         entry = registry.get(cfg.weights.transport)
         self.transport, self.sender = _transport(cfg.weights, run.run_dir, self.tcp_host)
         self.owned = [run.run_dir / "weights-engines", entry.owned(self.sender)]

@@ -24,12 +24,16 @@ Not covered: stop strings (stop token ids only), speculative decoding, paged att
 from __future__ import annotations
 
 import asyncio
+import copy
 from typing import Callable
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from transformers import DynamicCache
 
 from traingym.padding import left_pad, repeat_cache_rows
+from traingym.precision import engine_dtype
+from traingym.rollout.base import EngineAbilities
 from traingym.rollout.fused_llama import FusedLlama, supports
 from traingym.types import Completion, GenerationRequest, SamplingParams
 
@@ -62,11 +66,27 @@ def draw(logits_B_V: torch.Tensor, gens: list[torch.Generator]) -> torch.Tensor:
 class TorchEngine:
     """Rollout engine over an in-process `transformers` model (eval mode, no grad)."""
 
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        fused: bool = Field(True, description="the fused decode path where the architecture "
+                            "allows it (rollout/fused_llama.py); False: the plain HF forward")
+
+    abilities = EngineAbilities(takes_weights=True, inflight_updates=True,
+                                crosses_processes=True)
+
+    @classmethod
+    def from_config(cls, cfg, model, tokenizer, options: Options) -> TorchEngine:
+        """A copy of `model` in `model.engine_dtype`, decoding `rollout.max_batch_rows` rows
+        at once."""
+        return cls(copy.deepcopy(model), tokenizer.pad_token_id, cfg.rollout.max_batch_rows,
+                   engine_dtype(cfg.model.engine_dtype), fused=options.fused)
+
     def __init__(self, model, pad_token_id: int, max_batch_rows: int = 64, dtype=None,
                  fused: bool = True):
         self.model = model.eval()
         if dtype is not None:
             self.model.to(dtype)
+        self.dtype = next(self.model.parameters()).dtype
         self.pad_token_id = pad_token_id
         self.max_batch_rows = max_batch_rows
         self.version = 0
@@ -87,6 +107,19 @@ class TorchEngine:
         if self.fused is not None:
             self.fused.refresh()
         self.version = version
+
+    def state_hash(self) -> str:
+        """The hash of the engine model's own tensors, cast as the wire sends them."""
+        from traingym.weights.colocated import wire_state
+        from traingym.weights.hashing import state_hash
+
+        return state_hash(wire_state(self.model.state_dict(), self.dtype))
+
+    def health(self) -> dict:
+        return {"ok": True, "version": self.version}
+
+    def close(self) -> None:
+        """Nothing to release beyond the model, which the garbage collector frees."""
 
     async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         """In a worker thread, so the caller's event loop (env steps, sandbox pipes and their

@@ -27,6 +27,7 @@ import torch
 from traingym.algorithms.importance import importance_sums, importance_weights
 from traingym.algorithms.losses import grpo_token_loss
 from traingym.config import TrainerConfig
+from traingym.precision import autocast_bf16
 from traingym.trainer.logprobs import completion_logprobs
 from traingym.types import Batch
 
@@ -48,9 +49,9 @@ class TorchTrainer:
         self.optimizer = make_optimizer(model, cfg)
 
     def _autocast(self):
-        if not self.cfg.bf16_autocast:
-            return contextlib.nullcontext()
         device = next(self.model.parameters()).device.type
+        if not autocast_bf16(self.cfg.bf16_autocast, device):
+            return contextlib.nullcontext()
         return torch.autocast(device_type=device, dtype=torch.bfloat16)
 
     def train_step(self, batch: Batch) -> dict[str, float]:
