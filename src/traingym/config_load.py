@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from traingym.config import PRESETS, Config, ConfigError, closest, did_you_mean
+from traingym.config import MOVED_KEYS, PRESETS, Config, ConfigError, closest, did_you_mean
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -127,6 +127,9 @@ def build_config(preset: str = "default", file: str | Path | None = None,
 def _unknown_key(loc: str, value: Any) -> str:
     """'unknown key ...' with the closest valid key: a sibling in the same section first, then
     the same name in another section, else the section's valid keys (never all of them)."""
+    if loc in MOVED_KEYS:
+        return (f"{loc!r} has moved to {MOVED_KEYS[loc]!r} (it now applies in sync mode too); "
+                f"set {MOVED_KEYS[loc]!r} instead")
     keys = _valid_keys(Config)
     names = set(keys) | {k.rsplit(".", 1)[0] for k in keys if "." in k}  # keys and sections
     parent, _, leaf = loc.rpartition(".")

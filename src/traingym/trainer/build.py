@@ -1,5 +1,6 @@
 """The run's trainer from its config: one process (TorchTrainer), or data-parallel ranks
-(DistributedTrainer) when `trainer.data_parallel > 1`."""
+(DistributedTrainer) when `trainer.data_parallel > 1`; either applies the importance correction
+that `trainer.is_correction` resolves to (algorithms/importance.py: ImportanceSpec)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ def build_trainer(cfg: Config, model, pad_token_id: int):
         from traingym.trainer.distributed import DistributedTrainer
 
         return DistributedTrainer(model, cfg, pad_token_id)
+    from traingym.algorithms.importance import ImportanceSpec
     from traingym.trainer.torch_trainer import TorchTrainer
 
     return TorchTrainer(model, cfg.trainer, cfg.rollout.temperature, pad_token_id,
-                        importance=cfg.async_ if cfg.mode == "async" else None)
+                        importance=ImportanceSpec.from_config(cfg))

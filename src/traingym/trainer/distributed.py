@@ -11,8 +11,9 @@ call) and the batch's total policy-token count; every rank runs forward/backward
 groups, DDP all-reduces or FSDP2 reduce-scatters the gradients over gloo, and every rank takes
 the same clipped AdamW step (trainer/rank.py tells how the ranks' collectives are kept
 identical). The parameters after a step equal a single process's on the whole batch up to
-float rounding (tests/trainer/test_distributed_trainer.py). Loss, KL, entropy, clip fraction
-and importance figures are summed over ranks; grad_norm is the global norm.
+float rounding (tests/trainer/test_distributed_trainer.py). Loss, KL, entropy, clip fraction,
+importance and mismatch figures (each rank's per-token sums divided by the whole batch's
+policy tokens) are summed over ranks; grad_norm is the global norm.
 
 Rank 0's weights and optimizer: under DDP `.model` and `.optimizer` are rank 0's replica and
 its AdamW. Under FSDP2 each access after a step gathers the full state to rank 0 into a
@@ -45,6 +46,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from traingym.algorithms.importance import ImportanceSpec
 from traingym.config import Config
 from traingym.trainer.rank import (Rank, RankSpec, build_replica, fqn_optimizer_state,
                                    indexed_optimizer_state, manifest, tied_names,
@@ -111,7 +113,7 @@ class DistributedTrainer:
             self.spec = RankSpec(
                 self.world, self.placement.host, store.port, t.parallelism, t.dist_timeout_s,
                 t, cfg.rollout.temperature, pad_token_id,
-                cfg.async_ if cfg.mode == "async" else None, type(model), model.config,
+                ImportanceSpec.from_config(cfg), type(model), model.config,
                 manifest(model), [n for n, p in model.named_parameters() if not p.requires_grad],
                 threads)
             self.handles = self.placement.start(self.spec)

@@ -57,7 +57,7 @@ class RankSpec:
     trainer: TrainerConfig
     temperature: float
     pad_token_id: int
-    importance: Any  # AsyncConfig or None
+    importance: Any  # ImportanceSpec (algorithms/importance.py) or None
     model_cls: type
     model_config: Any  # the HF config the model class is built from
     manifest: list[tuple[str, tuple[int, ...], str]]  # rank 0's parameters and buffers

@@ -2,10 +2,24 @@
 
 One optimizer step per batch, on-policy: the "old" log-probs of the PPO ratio are the trainer's
 own log-probs detached, so the ratio is 1 in value and the clip only matters for later epochs or
-off-policy data. In disaggregated mode (async_loop.py) the samples come from an older policy:
-`importance` (the run's `async` section) then weights each policy token's policy-gradient term
-by the importance ratio of the trainer's and the engine's log-probs, truncated or masked
-(algorithms/importance.py). The loss is summed over the policy tokens of
+off-policy data. The engine's log-probs of the same tokens differ from the trainer's: in
+disaggregated mode (async_loop.py) the samples come from an older policy, and in any mode the
+engine's numerics differ (bf16, fused kernels, vLLM). `importance` (an ImportanceSpec from
+`trainer.is_correction` / `is_level` / `is_cap`; 'auto': tis in async mode, none in sync mode)
+then weights each policy token's policy-gradient term by the importance ratio of the trainer's
+and the engine's log-probs, truncated or masked (algorithms/importance.py); its stats are
+`is_weight_mean`, `is_zero_frac` and `is_capped_frac` (fraction of policy tokens whose ratio
+passed the cap: truncated under tis, zeroed under mis), present only when a correction is on.
+
+Train/inference mismatch, on every step whatever the correction: `mismatch_abs_logp` (mean over
+policy tokens of |log p_trainer - log p_engine|) and `mismatch_kl_k3` (mean k3 = (r - 1) - log r,
+r = p_trainer / p_engine: an estimate of KL(engine || trainer), since the engine sampled the
+tokens). The trainer's log-probs are those of this step's forward pass, before its update (no
+extra pass), under the trainer's own precision (bf16 autocast when on); in async mode the gap
+includes the policy's staleness. Measured on the batch's groups (dropped groups, all rewards
+equal, are not run); null in events.jsonl for a step that trained on no tokens. Across
+data-parallel ranks the per-token sums are added and divided by the batch's policy tokens, like
+the other stats. The loss is summed over the policy tokens of
 the batch and divided by their count (token-level averaging), accumulated over micro-batches of
 whole groups so that each prompt is run once per micro-batch. Environment tokens of multi-turn
 samples (`Sample.loss_mask` 0) are run through the model as context but carry no loss, no KL
@@ -24,7 +38,8 @@ import math
 
 import torch
 
-from traingym.algorithms.importance import importance_sums, importance_weights
+from traingym.algorithms.importance import (ImportanceSpec, importance_sums,
+                                            importance_weights, mismatch_sums, over_cap)
 from traingym.algorithms.losses import grpo_token_loss
 from traingym.config import TrainerConfig
 from traingym.precision import autocast_bf16
@@ -41,7 +56,7 @@ class TorchTrainer:
         self.cfg = cfg
         self.temperature = temperature
         self.pad_token_id = pad_token_id
-        self.importance = importance  # AsyncConfig (is_correction, is_level, is_cap) or None
+        self.importance: ImportanceSpec | None = importance  # None: no correction
         self.reference = None
         if cfg.kl_coef > 0:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -68,7 +83,8 @@ class TorchTrainer:
         """Forward and backward over `groups` in micro-batches, gradients accumulated; the loss
         is summed over policy tokens and divided by `total_tokens` (the whole batch's, which
         may hold more groups than these), times `scale`. Returns the stats' shares."""
-        stats = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0}
+        stats = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0,
+                 "mismatch_abs_logp": 0.0, "mismatch_kl_k3": 0.0}
         mb = self.cfg.micro_batch_groups
         for start in range(0, len(groups), mb):
             chunk = groups[start : start + mb]
@@ -86,13 +102,15 @@ class TorchTrainer:
             adv_B = torch.tensor([a for adv in advantages for a in adv], dtype=torch.float32,
                                  device=out.logp_B_T.device)
             mask = out.mask_B_T  # policy tokens only
-            weight_B_T = self._importance(chunk, out.logp_B_T, mask)
+            trainer_B_T = out.logp_B_T.detach().float()
+            engine_B_T = engine_logprobs(chunk, trainer_B_T)
+            sums = mismatch_sums(trainer_B_T, engine_B_T, mask)
+            weight_B_T = self._importance(trainer_B_T, engine_B_T, mask, sums)
             loss_B_T, kl_B_T, clipped_B_T = grpo_token_loss(
                 out.logp_B_T, out.logp_B_T.detach(), adv_B, self.cfg.clip_low,
                 self.cfg.clip_high, ref, self.cfg.kl_coef, weight_B_T)
-            if weight_B_T is not None:
-                for k, v in importance_sums(weight_B_T, mask).items():
-                    stats[k] = stats.get(k, 0.0) + v / total_tokens
+            for k, v in sums.items():
+                stats[k] = stats.get(k, 0.0) + v / total_tokens
             (loss_B_T * mask).sum().mul(scale).div(total_tokens).backward()
             stats["loss"] += float((loss_B_T.detach() * mask).sum()) / total_tokens
             stats["kl"] += float((kl_B_T.detach() * mask).sum()) / total_tokens
@@ -109,17 +127,16 @@ class TorchTrainer:
             self.optimizer.step()
         return grad_norm
 
-    def _importance(self, groups, logp_B_T, mask_B_T) -> torch.Tensor | None:
-        """Importance weights from the engine's recorded log-probs (None: no correction)."""
+    def _importance(self, trainer_B_T, engine_B_T, mask_B_T, sums: dict) -> torch.Tensor | None:
+        """Importance weights (None: no correction); adds their sums to `sums`."""
         imp = self.importance
-        if imp is None or imp.is_correction == "none":
+        if imp is None or imp.mode == "none":
             return None
-        engine_B_T = torch.zeros_like(logp_B_T, dtype=torch.float32)
-        rows = [s.completion_logprobs for g in groups for s in g.samples]
-        for i, lps in enumerate(rows):
-            engine_B_T[i, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
-        return importance_weights(logp_B_T.detach().float(), engine_B_T, mask_B_T,
-                                  imp.is_correction, imp.is_level, imp.is_cap)
+        w_B_T = importance_weights(trainer_B_T, engine_B_T, mask_B_T, imp.mode, imp.level,
+                                   imp.cap)
+        capped = over_cap(trainer_B_T, engine_B_T, mask_B_T, imp.level, imp.cap)
+        sums.update(importance_sums(w_B_T, mask_B_T, capped))
+        return w_B_T
 
     def export(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.model.state_dict().items()}
@@ -136,15 +153,25 @@ def make_optimizer(model, cfg: TrainerConfig) -> torch.optim.Optimizer:
                              betas=cfg.betas, weight_decay=cfg.weight_decay, foreach=True)
 
 
+def engine_logprobs(groups, like_B_T: torch.Tensor) -> torch.Tensor:
+    """The log-probs the engine recorded, rows as completion_logprobs lays them out (B, T),
+    float32, 0 past each completion (environment tokens carry 0.0 already)."""
+    engine_B_T = torch.zeros_like(like_B_T, dtype=torch.float32)
+    for i, lps in enumerate(s.completion_logprobs for g in groups for s in g.samples):
+        engine_B_T[i, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
+    return engine_B_T
+
+
 def batch_tokens(batch: Batch) -> int:
     """Policy tokens in the batch: what the token-level loss is divided by."""
     return sum(sum(s.loss_mask) for g in batch.groups for s in g.samples)
 
 
-def empty_metrics(lr: float) -> dict[str, float]:
-    """A step with nothing to learn from (every group dropped): no update."""
+def empty_metrics(lr: float) -> dict[str, float | None]:
+    """A step with nothing to learn from (every group dropped): no update; the mismatch is
+    not measured (None: null in events.jsonl)."""
     return {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "grad_norm": 0.0,
-            "trained_tokens": 0, "lr": lr}
+            "trained_tokens": 0, "lr": lr, "mismatch_abs_logp": None, "mismatch_kl_k3": None}
 
 
 def check_finite(grad_norm: float) -> float:
