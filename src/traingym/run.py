@@ -6,7 +6,6 @@ checked before the model loads, so a bad input fails before any work starts.
 
 from __future__ import annotations
 
-import copy
 import importlib
 import json
 import os
@@ -36,7 +35,8 @@ from traingym.observability.progress import Progress
 from traingym.precision import engine_dtype
 from traingym.preempt import Preemption, RunPreempted
 from traingym.rollout.runner import EpisodeLimits, RolloutRunner
-from traingym.rollout.torch_engine import TorchEngine
+from traingym.rollout.base import RolloutEngine
+from traingym.rollout.registry import build_engine, check_engine
 from traingym.trainer.base import Trainer
 from traingym.trainer.build import build_trainer
 from traingym.types import SamplingParams
@@ -198,7 +198,7 @@ class Run:
     inputs: Inputs
     tokenizer: Any
     trainer: Trainer
-    engine: TorchEngine
+    engine: RolloutEngine
     factory: EnvFactory
     rollouts: RolloutRunner
     weights: ColocatedSync
@@ -217,7 +217,10 @@ class Run:
             self.rollouts.close()
             self.resources.close()  # after every runner of the run closed its loop's part
         finally:
-            self.weights.close()
+            try:
+                self.weights.close()
+            finally:
+                self.engine.close()
 
     def maybe_checkpoint(self, step: int, loop_state: dict | None = None) -> bool:
         """Save after `step` if due; `loop_state` (JSON) is kept with the data position."""
@@ -285,6 +288,7 @@ def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_datas
     caller releases it (api.train does, last); a lock never released ends with the process."""
     inputs = resolve_inputs(cfg, dataset, eval_dataset, reward, env, group_reward)
     check_model_path(cfg.model.path)  # before the run directory exists
+    check_engine(cfg)  # the engine can do what the run asks of it (rollout/registry.py)
     check_cluster(cfg.cluster)  # ray importable, its address answers (cluster/preflight.py)
     lock = take_run_dir(run_dir, cfg, resume)
     try:
@@ -319,8 +323,16 @@ def _build_run(cfg: Config, run_dir: Path, resume: bool, inputs: Inputs,
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     model, tok = load_policy(cfg.model.path, seed=cfg.seed)
-    dtype = engine_dtype(cfg.model.engine_dtype)
-    engine = TorchEngine(copy.deepcopy(model), tok.pad_token_id, cfg.rollout.max_batch_rows, dtype)
+    engine = build_engine(cfg, model, tok)  # its own copy of the weights
+    try:
+        run, start_step = _assemble(cfg, run_dir, resume, inputs, progress, model, tok, engine)
+    except BaseException:
+        engine.close()  # an engine may own a server process
+        raise
+    return run, start_step
+
+
+def _assemble(cfg, run_dir, resume, inputs, progress, model, tok, engine) -> tuple[Run, int]:
     trainer = build_trainer(cfg, model, tok.pad_token_id)  # trainer/build.py
     renderer = PromptRenderer(tok, cfg.task.prefill, cfg.task.system_prompt)
     factory = (BoundFactory(inputs.env, renderer) if inputs.env is not None
@@ -336,7 +348,8 @@ def _build_run(cfg: Config, run_dir: Path, resume: bool, inputs: Inputs,
             state = checkpoint.load(saved[-1], trainer.model, trainer.optimizer)
             start_step, position = state["step"], state["data_position"]
         log.truncate_after(start_step)
-    weights = ColocatedSync(engine, cfg.weights, dtype, run_dir / "weights")
+    weights = ColocatedSync(engine, cfg.weights, engine_dtype(cfg.model.engine_dtype),
+                            run_dir / "weights")
     weights.publish(trainer.export(), version=start_step)  # a new publisher: an anchor first
     resources = RunResources()  # this run's env resources, shared by its training and eval runners
     run = Run(cfg, run_dir, inputs, tok, trainer, engine, factory,

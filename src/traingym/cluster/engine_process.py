@@ -3,7 +3,9 @@ only through the weight-sync Subscriber (hash-verified), and turn prompts into s
 
 Runs under multiprocessing `spawn` (cluster/local.py starts it). What it does, in order:
 1. one torch thread; model and tokenizer built from `cfg.model` exactly as the trainer builds
-   them, the tokenizer's fingerprint reported so the trainer can check that ids mean the same;
+   them, the engine built on them by `rollout.engine` (rollout/registry.py: any engine whose
+   abilities say it crosses processes), the tokenizer's fingerprint reported so the trainer
+   can check that ids mean the same;
 2. a Subscriber over the run's transport (its receiver class comes in the spec, from
    weights/registry.py); the engine serves nothing until it holds a verified version >= the
    one it was started for. Where the transport reconnects (tcp) a lost or stalled link is
@@ -18,15 +20,16 @@ Runs under multiprocessing `spawn` (cluster/local.py starts it). What it does, i
    in-flight episodes are never dropped: a turn that started under version v is sampled under
    v, and each token records the version that produced it;
 4. each scored group goes back on its result queue with the job's key;
-5. asked for a report at the end of a run, it waits for the final version and sends the hash
-   of the weights its model holds (cast as the trainer sends them).
+5. asked for a report at the end of a run, it waits for the final version and sends the
+   engine's `state_hash` (the built-in engine: of its model's own tensors, cast as the trainer
+   sends them).
 It exits when told to (None on the request queue), when the trainer's process is gone, or
 with an ("error", traceback) message and a non-zero exit code when anything raises. Either way
 what its envs kept is closed first: the engine owns its run resources (envs/resources.py: its
 warm sandbox pools, or the sandbox workers' client on a Ray cluster).
 
-With `async.inflight_updates` it also applies them between decode steps of one engine call
-(rollout/torch_engine.py), so a long completion switches weights mid-way, token by token.
+With `async.inflight_updates` (engines whose abilities allow it: the built-in one) it also
+applies them between decode steps of one engine call (rollout/torch_engine.py), so a long completion switches weights mid-way, token by token.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class EngineSpec:
     receiver: type  # the transport's receiver class (weights/registry.py)
     reconnects: bool  # its receivers may connect again after a lost link (tcp)
     start_version: int
+    engine: type  # the engine class (rollout/registry.py), resolved by the trainer's process
     reward_fn: Callable | None
     env: Callable | None
     group_reward: Callable | None
@@ -107,9 +111,9 @@ class EngineProcess:
         from traingym.envs.resources import RunResources
         from traingym.envs.single_turn import SingleTurnFactory
         from traingym.models.loader import load_policy
-        from traingym.precision import engine_dtype
+        from traingym.rollout.base import UNSERVED
+        from traingym.rollout.registry import build_engine
         from traingym.rollout.runner import EpisodeLimits, RolloutRunner
-        from traingym.rollout.torch_engine import TorchEngine
         from traingym.types import SamplingParams
         from traingym.weights.sync import Subscriber
 
@@ -119,10 +123,9 @@ class EngineProcess:
         cfg, r = spec.cfg, spec.cfg.rollout
         self.requests, self.results, self.parent = requests, results, os.getppid()
         model, tok = load_policy(cfg.model.path, seed=cfg.seed)
-        dtype = engine_dtype(cfg.model.engine_dtype)
-        self.engine = TorchEngine(model, tok.pad_token_id, r.max_batch_rows, dtype)
-        self.dtype = dtype
-        self.engine.version = -1  # the built weights are never served
+        self.engine = build_engine(cfg, model, tok, spec.engine)  # rollout/registry.py
+        del model  # the engine holds its own copy
+        self.engine.version = UNSERVED  # the built weights are never served
         make, transport = spec.receiver, spec.transport
         reconnect = ((lambda have: make(transport, have_hash=have)) if spec.reconnects
                      else None)  # a lost link (tcp) is connected again, saying what it holds
@@ -161,16 +164,14 @@ class EngineProcess:
             self.updates += 1
 
     def report(self, version: int) -> None:
-        """Wait for `version`, then report the hash of what the engine's model holds."""
-        from traingym.weights.colocated import wire_state
-        from traingym.weights.hashing import state_hash
-
+        """Wait for `version`, then report the hash of what the engine serves (its
+        `state_hash`: read back from the engine where the engine can)."""
         self.subscriber.wait_for(version, self.timeout_s)
         self.poll_weights()
         if self.engine.version != self.subscriber.version:
             self.engine.update_weights(self.subscriber.state, self.subscriber.version)
-        own = wire_state(self.engine.model.state_dict(), self.dtype)
-        self.results.put(("report", {"version": self.engine.version, "hash": state_hash(own),
+        self.results.put(("report", {"version": self.engine.version,
+                                     "hash": self.engine.state_hash(),
                                      "reconnects": self.subscriber.stats.reconnects}))
 
     async def run_job(self, job: Job) -> None:
@@ -227,8 +228,11 @@ class EngineProcess:
             for t in self.jobs:
                 t.cancel()
             await asyncio.gather(*self.jobs, return_exceptions=True)
-            await asyncio.wait_for(self.resources.close_loop(), CLOSE_TIMEOUT_S)
-            self.resources.close()
+            try:
+                await asyncio.wait_for(self.resources.close_loop(), CLOSE_TIMEOUT_S)
+                self.resources.close()
+            finally:
+                self.engine.close()  # an engine may own a server process
 
 
 def engine_main(spec: EngineSpec, requests, results) -> None:

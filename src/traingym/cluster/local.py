@@ -42,6 +42,7 @@ import torch
 from traingym.cluster.engine_process import EngineSpec, Job, engine_main, tokenizer_fingerprint
 from traingym.config import ConfigError
 from traingym.precision import engine_dtype
+from traingym.rollout import registry as engines
 from traingym.weights import registry
 from traingym.weights.colocated import wire_state
 from traingym.weights.sync import Publisher, PublisherConfig
@@ -104,7 +105,8 @@ class LocalEngines:
         self.publish(run.trainer.export(), start_version)  # an anchor before any engine joins
         inputs = run.inputs
         self.spec = EngineSpec(cfg, self.transport, entry.receiver, entry.abilities.reconnects,
-                               start_version, inputs.reward_fn, inputs.env, inputs.group_reward)
+                               start_version, engines.get(cfg.rollout.engine), inputs.reward_fn,
+                               inputs.env, inputs.group_reward)
         self.tokenizer = tokenizer_fingerprint(run.tokenizer)
         self.ctx = mp.get_context("spawn")
         self.inbox: queue.Queue = queue.Queue()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from traingym.rollout.base import RolloutEngine
+from traingym.rollout.base import EngineAbilities, RolloutEngine  # noqa: F401 (re-exported)
 
 ENGINES: dict[str, str] = {
     "torch": "traingym.rollout.torch_engine:TorchEngine",
@@ -58,11 +58,54 @@ def get(name: str) -> type:
 
 
 def options(name: str, raw: dict[str, Any]):
-    """The engine's validated Options from `rollout.engine_options` (raises ValueError)."""
-    return get(name).Options(**raw)
+    """The engine's validated Options from `rollout.engine_options`; a ValueError names each
+    bad option, what is wrong with it, and the engine's options."""
+    from pydantic import ValidationError
+
+    from traingym.config import did_you_mean
+
+    model = get(name).Options
+    try:
+        return model(**raw)
+    except ValidationError as e:
+        known = sorted(model.model_fields)
+        problems = []
+        for err in e.errors():
+            key = ".".join(str(p) for p in err["loc"])
+            hint = did_you_mean(key, known) if err["type"] == "extra_forbidden" else ""
+            problems.append(f"{key!r}: {err['msg']}{hint}")
+        raise ValueError(f"rollout.engine_options for {name!r}: {'; '.join(problems)} "
+                         f"(its options: {known})") from None
 
 
-def build_engine(cfg, model, tokenizer) -> RolloutEngine:
-    """The run's engine, as `rollout.engine` names it, on `model`'s weights."""
-    cls = get(cfg.rollout.engine)
+def build_engine(cfg, model, tokenizer, cls: type | None = None) -> RolloutEngine:
+    """The run's engine, as `rollout.engine` names it (or `cls`, the class already resolved:
+    an engine process gets it from the trainer's process, whose registry may hold names its
+    own does not), on `model`'s weights."""
+    cls = cls or get(cfg.rollout.engine)
     return cls.from_config(cfg, model, tokenizer, cls.Options(**cfg.rollout.engine_options))
+
+
+def check_engine(cfg) -> None:
+    """Fail before any work when the run asks of its engine what the engine cannot do."""
+    from traingym.config import ConfigError
+
+    name, can = cfg.rollout.engine, get(cfg.rollout.engine).abilities
+    if not can.takes_weights:
+        raise ConfigError(f"rollout.engine={name!r} is read-only (it takes no weight updates): "
+                          "it can evaluate, judge or teach, not train; train with an engine "
+                          f"that takes weights ({_able('takes_weights')})")
+    if cfg.mode == "async" and not can.crosses_processes:
+        raise ConfigError(f"mode='async' builds engines in their own processes from the config; "
+                          f"rollout.engine={name!r} cannot be: use {_able('crosses_processes')} "
+                          "or mode='sync'")
+    if cfg.mode == "async" and cfg.async_.inflight_updates and not can.inflight_updates:
+        raise ConfigError(f"async.inflight_updates needs an engine that swaps weights between "
+                          f"decode steps; rollout.engine={name!r} does not: use "
+                          f"{_able('inflight_updates')} or turn async.inflight_updates off")
+
+
+def _able(ability: str) -> str:
+    """The registered engines with `ability`, for error messages (loads each engine class;
+    their heavy dependencies are imported only when an engine is built)."""
+    return " or ".join(repr(n) for n in names() if getattr(get(n).abilities, ability))
