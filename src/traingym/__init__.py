@@ -5,6 +5,9 @@ Public API (imported lazily so that `import traingym` stays cheap):
   Config, build_config                       typed config and presets
   Sample, Completion, Group, Batch, ...      records crossing seams (traingym.types)
   MultiTurnEnv, Reply, ToolTask              multi-turn and tool-use envs (pass as env=)
+  evaluate(model, ...) -> EvalResult         eval a model/checkpoint/endpoint (eval_run.py)
+  compare_evals(a, b, ...)                   paired B - A over the same prompts
+  open_run(run_dir) -> RunView, export(checkpoint, out)   runs as objects; HF export
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ _LAZY = {
     "Reply": ("traingym.envs.multi_turn", "Reply"),
     "ToolTask": ("traingym.envs.tools", "ToolTask"),
     "DatasetError": ("traingym.envs.datasets", "DatasetError"),
+    "evaluate": ("traingym.evaluate", None),  # the module, callable (evaluate.py)
+    "EvalResult": ("traingym.eval_run", "EvalResult"),
+    "compare_evals": ("traingym.eval_run", "compare"),
+    "open_run": ("traingym.runs", "open_run"),
+    "export": ("traingym.hf_export", "export"),
 }
 
 
@@ -36,7 +44,8 @@ def __getattr__(name: str):
         import importlib
 
         module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
+        mod = importlib.import_module(module)
+        return mod if attr is None else getattr(mod, attr)
     raise AttributeError(f"module 'traingym' has no attribute {name!r}")
 
 

@@ -1,4 +1,5 @@
-"""Command line: `traingym train [CONFIG] [--preset P] [--set k=v ...] [--run-dir D] [--resume]`.
+"""Command line: `traingym train [CONFIG] [--preset P] [--set k=v ...] [--run-dir D] [--resume]`;
+`traingym eval | runs | export` (eval_cli.py), `traingym plan` (plan.py).
 
 Imports stay light at module level so `traingym --help` answers in well under a second.
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from traingym import plan
+from traingym import eval_cli, plan
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--preset", default="default")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     plan.add_parser(sub)
+    from traingym.serve import add_parser as add_serve
+
+    add_serve(sub)
+    eval_cli.add_parsers(sub)
     return p
 
 
@@ -80,6 +85,12 @@ def _command(args: argparse.Namespace) -> int:
 
     if args.command == "plan":
         return plan.run(args)
+    if args.command == "serve":
+        from traingym.serve import main as serve
+
+        return serve(args)
+    if args.command in ("eval", "runs", "export"):
+        return eval_cli.run(args)
     if getattr(args, "resume", False) and not args.run_dir:
         raise ConfigError("--resume needs --run-dir (the folder of the run to continue)")
     cfg = build_config(args.preset, args.config, args.overrides)

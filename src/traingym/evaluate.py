@@ -3,11 +3,23 @@
 Sampled evaluation draws k samples per prompt; the standard error is over per-prompt means
 (samples of one prompt are correlated, so treating them as independent would understate it).
 A comparison of two evaluations on the same prompts uses the paired difference.
+
+pass@k (Chen et al. 2021, "Evaluating Large Language Models Trained on Code"): with n samples of
+a prompt of which c pass, the unbiased estimate of "at least one of k samples passes" is
+1 - C(n-c, k) / C(n, k), computed as a product of n-c+1..n terms (no huge binomials), averaged
+over prompts with the standard error over prompts. A sample passes when its reward reaches a
+threshold (eval_run.py: 1.0 by default, the built-in tasks' full score).
+
+`traingym.evaluate` is this module and, called, the public eval entry point
+(`eval_run.evaluate`): the package's submodule and function share the name, so the module is
+made callable rather than shadowing one with the other.
 """
 
 from __future__ import annotations
 
 import math
+import sys
+import types
 from dataclasses import dataclass
 
 from traingym.envs.base import EnvFactory
@@ -41,6 +53,51 @@ def paired_difference(after: Score, before: Score) -> dict:
     return {"delta": s.mean, "se": s.se, "z": s.mean / s.se if s.se > 0 else None}
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one prompt with `n` samples of which `c` pass (Chen et al. 2021):
+    1 - C(n-c, k)/C(n, k) = 1 - prod_{i=n-c+1..n} (1 - k/i). k > n cannot be estimated from n
+    samples: a ValueError, as is a count outside 0..n."""
+    if k < 1 or n < 1:
+        raise ValueError(f"pass@k needs k >= 1 and n >= 1 samples, got k={k}, n={n}")
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples per prompt, got {n}: raise the "
+                         f"samples per prompt to >= {k} or lower k")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass@k: {c} passing samples out of {n} is impossible")
+    if n - c < k:  # every draw of k samples holds a passing one
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def pass_at_k_score(passed_per_prompt: list[list[bool]], k: int) -> Score:
+    """Mean pass@k over prompts, standard error over prompts."""
+    return _score([pass_at_k(len(p), sum(p), k) for p in passed_per_prompt])
+
+
+def collect(engine, factory: EnvFactory, rows: list[dict], temperature: float,
+            samples: int, max_new_tokens: int, stop_ids: tuple[int, ...], seed: int, *,
+            tokenizer, limits: EpisodeLimits = EpisodeLimits(),
+            group_reward: GroupReward | None = None,
+            resources: RunResources | None = None) -> list:
+    """`samples` scored episodes per row at `temperature` (0: greedy): one Group per row, in
+    row order, seeded by (seed, row position) as `evaluate` does."""
+    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
+                            stop_token_ids=stop_ids)
+    runner = RolloutRunner(engine, factory, params, samples, tokenizer=tokenizer, limits=limits,
+                           group_reward=group_reward, resources=resources)
+    try:
+        return runner.collect(list(enumerate(rows)), seed)
+    finally:
+        runner.close()
+
+
+def group_means(groups: list) -> Score:
+    return _score([sum(s.reward for s in g.samples) / len(g.samples) for g in groups])
+
+
 def evaluate(engine, factory: EnvFactory, rows: list[dict], temperature: float,
              samples_per_prompt: int, max_new_tokens: int, stop_ids: tuple[int, ...],
              seed: int, *, tokenizer, limits: EpisodeLimits = EpisodeLimits(),
@@ -51,17 +108,24 @@ def evaluate(engine, factory: EnvFactory, rows: list[dict], temperature: float,
     `resources`: the run's env resources (envs/resources.py); None: each runner its own."""
     out = {}
     for name, temp, k in (("greedy", 0.0, 1), ("sampled", temperature, samples_per_prompt)):
-        params = SamplingParams(temperature=temp, max_new_tokens=max_new_tokens,
-                                stop_token_ids=stop_ids)
-        runner = RolloutRunner(engine, factory, params, k, tokenizer=tokenizer, limits=limits,
-                               group_reward=group_reward, resources=resources)
-        try:
-            groups = runner.collect(list(enumerate(rows)), seed)
-        finally:
-            runner.close()
-        out[name] = _score([sum(s.reward for s in g.samples) / len(g.samples) for g in groups])
+        groups = collect(engine, factory, rows, temp, k, max_new_tokens, stop_ids, seed,
+                         tokenizer=tokenizer, limits=limits, group_reward=group_reward,
+                         resources=resources)
+        out[name] = group_means(groups)
     return out
 
 
 def as_dict(scores: dict[str, Score]) -> dict:
     return {k: v.summary() for k, v in scores.items()}
+
+
+class _CallableModule(types.ModuleType):
+    """`traingym.evaluate(...)`: this module, called, runs eval_run.evaluate."""
+
+    def __call__(self, *args, **kwargs):
+        from traingym.eval_run import evaluate as run_eval
+
+        return run_eval(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
