@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--preset", default="default")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     plan.add_parser(sub)
+    from traingym.serve import add_parser as add_serve
+
+    add_serve(sub)
     eval_cli.add_parsers(sub)
     return p
 
@@ -82,6 +85,10 @@ def _command(args: argparse.Namespace) -> int:
 
     if args.command == "plan":
         return plan.run(args)
+    if args.command == "serve":
+        from traingym.serve import main as serve
+
+        return serve(args)
     if args.command in ("eval", "runs", "export"):
         return eval_cli.run(args)
     if getattr(args, "resume", False) and not args.run_dir:

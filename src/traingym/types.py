@@ -19,6 +19,7 @@ class SamplingParams:
     top_k: int = 0  # 0: no top-k cut
     max_new_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()
+    top_logprobs: int = 0  # > 0: also return the k most likely tokens per step (serving)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class Completion:
     finish_reason: str  # "stop" (a stop token, included in token_ids) or "length"
     version: int  # policy version that produced the first token (the oldest)
     token_versions: list[int] | None = None  # per token, where weights changed mid-decode
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """Per token, the `params.top_logprobs` most likely (token id, log-prob) pairs under the
+    same distribution as `logprobs`, most likely first; None when not asked for."""
 
 
 @dataclass

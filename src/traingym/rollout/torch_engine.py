@@ -212,18 +212,30 @@ class TorchEngine:
         return logits, forward
 
     def _sample(self, logits_B_V, params: SamplingParams, gens):
+        """(token, log-prob) per row. With `params.top_logprobs` = k > 0 the log-prob row is
+        packed as (B, 1 + 2k): [chosen, k top log-probs, k top ids as floats (exact below
+        2**24)], so _run stacks it unchanged and _collect unpacks it."""
         if params.temperature == 0:
             lp_B_V = logits_B_V.log_softmax(-1)
             tok_B = lp_B_V.argmax(-1)
-            return tok_B, lp_B_V.gather(-1, tok_B[:, None])[:, 0]
-        scaled_B_V = logits_B_V / params.temperature
-        lp_B_V = scaled_B_V.log_softmax(-1)
-        cut_B_V = _filter_logits(scaled_B_V, params)
-        tok_B = draw(cut_B_V, gens)
-        return tok_B, lp_B_V.gather(-1, tok_B[:, None])[:, 0]
+        else:
+            scaled_B_V = logits_B_V / params.temperature
+            lp_B_V = scaled_B_V.log_softmax(-1)
+            tok_B = draw(_filter_logits(scaled_B_V, params), gens)
+        lp_B = lp_B_V.gather(-1, tok_B[:, None])[:, 0]
+        if params.top_logprobs <= 0:
+            return tok_B, lp_B
+        top = torch.topk(lp_B_V, min(params.top_logprobs, lp_B_V.shape[-1]), dim=-1)
+        return tok_B, torch.cat([lp_B[:, None], top.values, top.indices.float()], dim=-1)
 
     def _collect(self, requests, tokens_B_N, logps_B_N, stop, versions):
         out, row = [], 0
+        top_B_N_K = None
+        if logps_B_N.dim() == 3:  # packed by _sample: [chosen, k log-probs, k ids]
+            k = (logps_B_N.shape[-1] - 1) // 2
+            top_B_N_K = list(zip(logps_B_N[..., 1 + k:].long().tolist(),
+                                 logps_B_N[..., 1:1 + k].tolist()))
+            logps_B_N = logps_B_N[..., 0]
         tokens, logps = tokens_B_N.tolist(), logps_B_N.tolist()
         stops = set(stop.tolist())
         for r in requests:
@@ -239,6 +251,10 @@ class TorchEngine:
                 own = versions[: len(ids)]
                 comps.append(Completion(tuple(r.prompt_ids), ids, lps, reason, own[0],
                                         own if own[0] != own[-1] else None))
+                if top_B_N_K is not None:
+                    top_ids, top_lps = top_B_N_K[row]
+                    comps[-1].top_logprobs = [list(zip(i, lp)) for i, lp in
+                                              zip(top_ids[: len(ids)], top_lps[: len(ids)])]
                 row += 1
             out.append(comps)
         return out

@@ -1,0 +1,92 @@
+"""The scheduler between HTTP requests and the engine: dynamic batching.
+
+Requests wait in one queue; one task takes everything queued and hands it to the engine as a
+single `generate` call, so requests that arrive while the engine decodes join the next call
+together. The built-in engine decodes all requests of a call that share sampling parameters as
+one batch (rows up to `rollout.max_batch_rows`); requests with other parameters run after them
+in the same call. Calls run one at a time: an engine is not assumed to take concurrent calls.
+
+A call that raises is retried request by request, so one request the engine cannot serve fails
+alone, with its own error, and the others are answered. A request whose client went away is
+still decoded (its rows are already in the batch) and its result dropped.
+
+Not covered: continuous batching (rows joining a batch between decode steps): a request that
+arrives during a call waits for that call to end; and priorities or fairness beyond arrival
+order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from traingym.types import Completion, GenerationRequest
+
+
+class Batcher:
+    def __init__(self, engine):
+        self.engine = engine
+        self.queue: list[tuple[GenerationRequest, asyncio.Future]] = []
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task | None = None
+        self.closing = False
+        self.stats = {"engine_calls": 0, "requests": 0, "max_requests_per_call": 0,
+                      "engine_seconds": 0.0, "failed_calls": 0}
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def submit(self, request: GenerationRequest) -> list[Completion]:
+        if self.closing or self.task is None or self.task.done():
+            raise RuntimeError("the server is shutting down; it takes no new requests")
+        fut = asyncio.get_running_loop().create_future()
+        self.queue.append((request, fut))
+        self.wake.set()
+        return await fut
+
+    async def _loop(self) -> None:
+        while not (self.closing and not self.queue):
+            if not self.queue:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            batch, self.queue = self.queue, []
+            live = [(r, f) for r, f in batch if not f.done()]  # cancelled while queued: skip
+            if live:
+                await self._run(live)
+
+    async def _run(self, batch) -> None:
+        t0 = time.perf_counter()
+        self.stats["engine_calls"] += 1
+        self.stats["requests"] += len(batch)
+        self.stats["max_requests_per_call"] = max(self.stats["max_requests_per_call"], len(batch))
+        try:
+            results = await self.engine.generate([r for r, _ in batch])
+        except Exception as e:
+            self.stats["failed_calls"] += 1
+            if len(batch) == 1:
+                _settle(batch[0][1], error=e)
+            else:
+                for one in batch:  # find the request that fails; answer the others
+                    await self._run([one])
+            return
+        finally:
+            self.stats["engine_seconds"] += time.perf_counter() - t0
+        for (_, fut), comps in zip(batch, results):
+            _settle(fut, comps)
+
+    async def close(self) -> None:
+        """Answer everything queued, then stop."""
+        self.closing = True
+        self.wake.set()
+        if self.task is not None:
+            await self.task
+
+
+def _settle(fut: asyncio.Future, result=None, error: Exception | None = None) -> None:
+    if fut.done():  # the client went away
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)

@@ -1,0 +1,104 @@
+"""Request limits, the API key, and the OpenAI error shape.
+
+Every refusal is a JSON body {"error": {"message", "type", "param", "code"}} with a 4xx status;
+the message names the limit and its value, and the `code` names the limit. The body-size limit
+and the key check run in one ASGI middleware before any route reads the request: a body over
+`max_body_bytes` (by Content-Length, or counted while it streams in) is answered 413 without
+reading the rest. The concurrency limit counts requests inside the routes; one more is
+answered 429 at once (clients retry 429), never queued without bound.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int = 1 << 20
+    max_tokens: int = 1024  # per completion
+    max_prompt_tokens: int = 4096
+    max_concurrent: int = 64  # requests being answered at once
+    max_n: int = 16  # completions per request
+
+
+class ApiError(Exception):
+    """A request the server refuses: status, message, and the OpenAI error fields."""
+
+    def __init__(self, status: int, message: str, code: str | None = None,
+                 param: str | None = None, type_: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+        self.type = type_ or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def error_response(err: ApiError):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+async def _send_json(send, status: int, body: dict, headers=()) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": data})
+
+
+class Guard:
+    """ASGI middleware: the API key (when set) and the body-size limit, before routing."""
+
+    def __init__(self, app, limits: Limits, api_key: str | None):
+        self.app, self.limits, self.api_key = app, limits, api_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        if self.api_key is not None:
+            auth = headers.get(b"authorization", b"").decode("latin-1")
+            given = auth[7:] if auth[:7].lower() == "bearer " else ""
+            if not hmac.compare_digest(given.encode(), self.api_key.encode()):
+                why = "a wrong API key" if given else "no 'Authorization: Bearer <key>' header"
+                return await _send_json(send, 401, ApiError(
+                    401, f"this server needs an API key; the request had {why}",
+                    "invalid_api_key", type_="authentication_error").body(),
+                    [(b"www-authenticate", b"Bearer")])
+        cap = self.limits.max_body_bytes
+        too_big = ApiError(413, f"request body over the limit of {cap} bytes (max_body_bytes; "
+                           "start the server with a larger --max-body-bytes)", "max_body_bytes")
+        try:
+            declared = int(headers.get(b"content-length", b"0"))
+        except ValueError:
+            return await _send_json(send, 400, ApiError(400, "Content-Length is not a number",
+                                                        "bad_content_length").body())
+        if declared > cap:
+            return await _send_json(send, 413, too_big.body(), [(b"connection", b"close")])
+        chunks, size = [], 0
+        while True:  # read the whole (bounded) body here; the route reads it from memory
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > cap:
+                return await _send_json(send, 413, too_big.body(), [(b"connection", b"close")])
+            if not message.get("more_body"):
+                break
+        body, sent = b"".join(chunks), False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # then wait for the disconnect, as the server reports it
+
+        return await self.app(scope, replay, send)

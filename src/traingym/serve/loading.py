@@ -1,0 +1,99 @@
+"""What `traingym serve CHECKPOINT_OR_MODEL` serves, and the engine that serves it.
+
+The argument is one of:
+- a checkpoint folder `RUN/checkpoints/step_NNNNNN` (checkpoint.py): verified against its
+  manifest, its model weights loaded into the run's model (`RUN/config.json` says which);
+- a run directory: its newest committed checkpoint;
+- a local Hugging Face model folder (config.json + weights), 'embedded' or 'tiny'.
+
+The engine is built through the engine seam (`rollout.registry.build_engine`) from the run's
+config (or the default config around the model), with `--set` overrides on top, e.g.
+`--set rollout.engine=vllm`. Not covered: LoRA adapters, several models in one server.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Served:
+    name: str  # the model id clients send and /v1/models lists
+    source: str  # what was loaded, for the start-up line
+    engine: Any  # a RolloutEngine
+    tokenizer: Any
+    context_len: int | None  # the model's position limit (prompt + completion), if it has one
+    stop_ids: tuple[int, ...]
+
+
+def _run_config(run_dir: Path, overrides: list[str]):
+    from traingym.config import ConfigError
+    from traingym.config_load import _merge, parse_overrides, validate
+
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} has no config.json, so the checkpoint's model is "
+                                "unknown; give the run's checkpoint folder as written by "
+                                "`traingym train` (RUN/checkpoints/step_N)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON ({e.msg}); it cannot describe the run") \
+            from None
+    return validate(_merge(data, parse_overrides(overrides)) if overrides else data)
+
+
+def resolve(arg: str) -> tuple[str, Path | None, Path | None]:
+    """(kind, checkpoint folder, run dir): kind is 'checkpoint' or 'model'."""
+    from traingym import checkpoint
+
+    if arg in ("tiny", "embedded"):
+        return "model", None, None
+    folder = Path(arg).expanduser()
+    if not folder.exists():
+        raise FileNotFoundError(f"{arg!r} does not exist; give a run's checkpoint folder, a run "
+                                "directory, a Hugging Face model folder, 'embedded' or 'tiny'")
+    if folder.name.startswith("step_") and folder.parent.name == "checkpoints":
+        return "checkpoint", folder, folder.parent.parent
+    if (folder / "checkpoints").is_dir():
+        saved = checkpoint.committed(folder / "checkpoints")
+        if not saved:
+            raise FileNotFoundError(f"run directory {folder} has no committed checkpoint yet; "
+                                    "serve it after its first checkpoint, or serve its model")
+        return "checkpoint", saved[-1], folder
+    return "model", None, None
+
+
+def load(arg: str, overrides: list[str] | None = None, name: str | None = None) -> Served:
+    from safetensors.torch import load_model
+
+    from traingym import checkpoint
+    from traingym.config_load import build_config
+    from traingym.models.loader import check_model_path, load_policy
+    from traingym.rollout.registry import build_engine
+
+    overrides = list(overrides or [])
+    kind, ckpt, run_dir = resolve(arg)
+    if kind == "checkpoint":
+        cfg = _run_config(run_dir, overrides)
+        checkpoint.verify(ckpt)  # CheckpointError names the file that does not match
+        model, tok = load_policy(cfg.model.path, seed=cfg.seed)
+        missing, unexpected = load_model(model, str(ckpt / "model.safetensors"))
+        if missing or unexpected:
+            raise checkpoint.CheckpointError(f"{ckpt}: its model does not fit {cfg.model.path!r}"
+                                             f" (missing {missing}, unexpected {unexpected})")
+        source = f"checkpoint {ckpt} of the run in {run_dir} (model.path={cfg.model.path!r})"
+        default_name = f"{run_dir.name}/{ckpt.name}"
+    else:
+        check_model_path(arg)
+        cfg = build_config("default", None, [f"model.path={arg}", *overrides])
+        model, tok = load_policy(cfg.model.path, seed=cfg.seed)
+        source = f"model {arg}"
+        default_name = arg if arg in ("tiny", "embedded") else Path(arg).expanduser().name
+    context = getattr(model.config, "max_position_embeddings", None)
+    engine = build_engine(cfg, model, tok)
+    stop = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
+    return Served(name or default_name, source, engine, tok, context, stop)
