@@ -7,8 +7,8 @@ import torch
 
 from traingym.models.loader import tiny_model, tiny_tokenizer
 from traingym.padding import left_pad
-from traingym.rollout import fused_llama
-from traingym.rollout.fused_llama import FusedLlama, packing_pays
+from traingym.rollout import fused_decoder
+from traingym.rollout.fused_decoder import FusedDecoder, packing_pays
 from traingym.rollout.torch_engine import TorchEngine, draw
 from traingym.types import GenerationRequest, SamplingParams
 
@@ -108,9 +108,9 @@ def test_fused_path_matches_hf_path(setup):
 def test_packed_bf16_weights_give_bitwise_identical_logits(setup, monkeypatch):
     tok, model, prompts = setup
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
-    packed = FusedLlama(bf16)
-    monkeypatch.setattr(fused_llama, "packing_pays", lambda w: False)
-    plain = FusedLlama(bf16)
+    packed = FusedDecoder(bf16)
+    monkeypatch.setattr(fused_decoder, "packing_pays", lambda w: False)
+    plain = FusedDecoder(bf16)
     assert packed.packed and not plain.packed
     ids, mask = left_pad(list(prompts), tok.pad_token_id, torch.device("cpu"))
     pos = (mask.cumsum(-1) - 1).clamp(min=0)

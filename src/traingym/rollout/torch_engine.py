@@ -1,8 +1,9 @@
 """Built-in rollout engine: batched sampling on a Hugging Face causal LM with a KV cache.
 
 Each unique prompt is prefilled once; its KV cache is then repeated for the n samples of that
-prompt, so a group of G completions costs one prefill, not G. Llama-architecture models decode
-through rollout/fused_llama.py (fused projections, preallocated cache); others through the plain
+prompt, so a group of G completions costs one prefill, not G. The covered decoder families
+(Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2/3; models/families.py) decode through
+rollout/fused_decoder.py (fused projections, preallocated cache); others through the plain
 Hugging Face forward. Rows are decoded together until
 every row has hit a stop token or `max_new_tokens`. Sampling supports temperature, top-k and
 top-p; every sample draws its noise from its own generator seeded by (request seed, sample
@@ -34,7 +35,7 @@ from transformers import DynamicCache
 from traingym.padding import left_pad, repeat_cache_rows
 from traingym.precision import engine_dtype
 from traingym.rollout.base import EngineAbilities
-from traingym.rollout.fused_llama import FusedLlama, supports
+from traingym.rollout.fused_decoder import FusedDecoder as FusedLlama, supports
 from traingym.types import Completion, GenerationRequest, SamplingParams
 
 

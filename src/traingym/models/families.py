@@ -1,0 +1,182 @@
+"""The decoder families traingym knows, as transformers ships them, and their chat formats.
+
+A family is what differs between otherwise Llama-shaped decoders, read by the built-in
+engine's fused decode (rollout/fused_decoder.py) and by the model presets (models/presets.py):
+
+| family  | model_type  | what differs from Llama                                              |
+|---------|-------------|----------------------------------------------------------------------|
+| llama   | llama       | (the reference; optional attention / MLP biases; RoPE scaling)        |
+| mistral | mistral     | a sliding window over every layer (`sliding_window`, null in v0.3)    |
+| qwen2   | qwen2       | q/k/v biases; sliding layers only with `use_sliding_window`           |
+| qwen3   | qwen3       | per-head q_norm / k_norm RMSNorm; head_dim independent of hidden/heads |
+| gemma   | gemma       | GeGLU (gelu tanh) MLP, embeddings x sqrt(hidden), RMSNorm x (1 + w)   |
+| gemma2  | gemma2      | gemma + sandwich norms, query_pre_attn_scalar, attention and final   |
+|         |             | logit soft-capping, sliding / global layers alternating              |
+| gemma3  | gemma3_text | gemma2 without attention soft-capping + Gemma-style q/k norms and a   |
+|         |             | separate RoPE per layer type (local / global)                        |
+
+Chat formats (`CHAT_TEMPLATES`, Jinja, written here from each family's published format for
+text-only turns: no tool calls, no images). Each renders an assistant message's content
+verbatim, so multi-turn rendering (envs/render.py `continuation`) works. System messages
+(traingym's `task.system_prompt` becomes a leading system message, envs/render.py):
+
+- chatml-qwen2.5 / qwen3 / llama3: a system turn of its own (Qwen2.5 adds "You are Qwen,
+  created by Alibaba Cloud. You are a helpful assistant." when there is none; Qwen3 and this
+  Llama 3 template add nothing; Llama 3.1's dated default system text is not reproduced);
+- mistral: no system role in [INST] format; the system text is put before the first user
+  message, separated by a blank line (traingym's choice, stated here);
+- gemma (Gemma 1/2): no system role; the template refuses it ("System role not supported"),
+  so a run with task.system_prompt fails at its first prompt with that message: unset
+  task.system_prompt or use the gemma3 template;
+- gemma3: no system role; the system text is put at the start of the first user turn,
+  followed by a blank line.
+
+`END_OF_TURN` is the text each template ends an assistant turn with. traingym stops
+sampling at the tokenizer's `eos_token`; with the published Gemma tokenizers that is `<eos>`,
+not `<end_of_turn>`, so a Gemma run should set the folder's `eos_token` to `<end_of_turn>`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    norm: Literal["llama", "gemma"]  # llama: w * x^.to(dtype); gemma: (x^ * (1 + w)).to(dtype)
+    activation_attr: str  # the config field naming the MLP activation
+    sliding: Literal["none", "all", "layer_types"]  # where config.sliding_window applies
+    tied_default: bool  # tie_word_embeddings when config.json does not say
+    chat_template: str  # a key of CHAT_TEMPLATES
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("llama", ("llama",), "llama", "hidden_act", "none", False, "llama3"),
+    Family("mistral", ("mistral",), "llama", "hidden_act", "all", False, "mistral"),
+    Family("qwen2", ("qwen2",), "llama", "hidden_act", "layer_types", False, "chatml-qwen2.5"),
+    Family("qwen3", ("qwen3",), "llama", "hidden_act", "layer_types", False, "qwen3"),
+    Family("gemma", ("gemma",), "gemma", "hidden_act", "none", True, "gemma"),
+    Family("gemma2", ("gemma2",), "gemma", "hidden_activation", "layer_types", True, "gemma"),
+    Family("gemma3", ("gemma3_text",), "gemma", "hidden_activation", "layer_types", True,
+           "gemma3"),
+)}
+
+_BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
+
+
+def family_of(model_type: str) -> Family | None:
+    """The family of a config's `model_type`, or None when traingym does not cover it."""
+    return _BY_MODEL_TYPE.get(model_type)
+
+
+def covered_model_types() -> list[str]:
+    return sorted(_BY_MODEL_TYPE)
+
+
+def layer_windows(config, family: Family) -> list[int | None]:
+    """Each layer's sliding window (keys within `window` slots of the query), None for full
+    attention; as each family's HF attention module reads it."""
+    n = config.num_hidden_layers
+    window = getattr(config, "sliding_window", None)
+    if family.sliding == "all":
+        return [window] * n
+    if family.sliding == "layer_types":
+        types = getattr(config, "layer_types", None) or ["full_attention"] * n
+        return [window if t == "sliding_attention" else None for t in types[:n]]
+    return [None] * n
+
+
+_CHATML_TURNS = (
+    "{%- for message in loop_messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+CHAT_TEMPLATES: dict[str, str] = {
+    # Qwen2.5 instruct: ChatML with a default system turn.
+    "chatml-qwen2.5": (
+        "{%- if messages[0]['role'] == 'system' %}"
+        "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+        "{%- set loop_messages = messages[1:] %}"
+        "{%- else %}"
+        "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+        "assistant.<|im_end|>\\n' }}"
+        "{%- set loop_messages = messages %}"
+        "{%- endif %}" + _CHATML_TURNS),
+    # Qwen3: ChatML, no default system turn; enable_thinking=False pre-fills an empty think.
+    "qwen3": (
+        "{%- set loop_messages = messages %}"
+        "{%- for message in loop_messages %}"
+        "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+        "{%- if enable_thinking is defined and enable_thinking is false %}"
+        "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"),
+    # Llama 3 instruct: header blocks, <|eot_id|> after each turn, bos first.
+    "llama3": (
+        "{{- bos_token }}"
+        "{%- for message in messages %}"
+        "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + "
+        "message['content'] | trim + '<|eot_id|>' }}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}"
+        "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"),
+    # Mistral instruct: [INST] ... [/INST], the assistant's turn ends with eos.
+    "mistral": (
+        "{%- if messages[0]['role'] == 'system' %}"
+        "{%- set system = messages[0]['content'] + '\\n\\n' %}"
+        "{%- set loop_messages = messages[1:] %}"
+        "{%- else %}{%- set system = '' %}{%- set loop_messages = messages %}{%- endif %}"
+        "{{- bos_token }}"
+        "{%- for message in loop_messages %}"
+        "{%- if message['role'] == 'user' %}"
+        "{{- '[INST] ' + (system if loop.first else '') + message['content'] + ' [/INST]' }}"
+        "{%- elif message['role'] == 'assistant' %}{{- message['content'] + eos_token }}"
+        "{%- else %}{{- raise_exception('Mistral [INST] format: only user and assistant "
+        "messages after an optional first system message') }}{%- endif %}"
+        "{%- endfor %}"),
+    # Gemma / Gemma 2 instruct: <start_of_turn>user|model, no system role.
+    "gemma": (
+        "{{- bos_token }}"
+        "{%- for message in messages %}"
+        "{%- if message['role'] == 'system' %}"
+        "{{- raise_exception('System role not supported') }}{%- endif %}"
+        "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+        "{{- '<start_of_turn>' + role + '\\n' + message['content'] | trim + "
+        "'<end_of_turn>\\n' }}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}"),
+    # Gemma 3 instruct: as Gemma, the system text opens the first user turn.
+    "gemma3": (
+        "{{- bos_token }}"
+        "{%- if messages[0]['role'] == 'system' %}"
+        "{%- set prefix = messages[0]['content'] + '\\n\\n' %}"
+        "{%- set loop_messages = messages[1:] %}"
+        "{%- else %}{%- set prefix = '' %}{%- set loop_messages = messages %}{%- endif %}"
+        "{%- for message in loop_messages %}"
+        "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+        "{{- '<start_of_turn>' + role + '\\n' + (prefix if loop.first else '') + "
+        "message['content'] | trim + '<end_of_turn>\\n' }}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}"),
+}
+
+END_OF_TURN: dict[str, str | None] = {
+    "chatml-qwen2.5": "<|im_end|>", "qwen3": "<|im_end|>", "llama3": "<|eot_id|>",
+    "mistral": None,  # the tokenizer's eos_token
+    "gemma": "<end_of_turn>", "gemma3": "<end_of_turn>",
+}
+
+
+def chat_template(name: str) -> str:
+    """A template by name; the error names the closest."""
+    if name not in CHAT_TEMPLATES:
+        from traingym.config import did_you_mean
+
+        raise KeyError(f"unknown chat template {name!r}; choose one of {sorted(CHAT_TEMPLATES)}"
+                       f"{did_you_mean(name, CHAT_TEMPLATES)}")
+    return CHAT_TEMPLATES[name]

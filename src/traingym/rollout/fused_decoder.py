@@ -1,0 +1,310 @@
+"""A decode-time forward for the decoder families traingym covers, used by the built-in engine.
+
+Hugging Face's forward is written for generality; on a CPU at decode batch sizes its cost is
+dominated by per-op overhead and by a slow bf16 flash-attention kernel for one-token queries.
+This module runs the same maths with the projections fused (q|k|v in one matmul, gate|up in
+one), a preallocated KV cache, and decode attention as two small batched matmuls with an fp32
+softmax. Weights are views of the HF model's own tensors where possible and refreshed after a
+weight update (`refresh`). On a CPU with oneDNN bf16 support the bf16 projection weights are
+pre-packed once per refresh into oneDNN's blocked layout: a plain bf16 `F.linear` reorders the
+weight on every call, which at decode batch sizes costs about as much as the matmul itself
+(same kernel, bitwise-identical results; tests/unit/test_engine.py checks).
+
+Covered (models/families.py has the table), each as transformers ships it, tied or untied
+embeddings: Llama (SmolLM2, Llama 2/3.x), Mistral, Qwen2 / Qwen2.5 (q/k/v biases), Qwen3
+(per-head q/k RMSNorm, head_dim apart from hidden/heads), Gemma (GeGLU, embeddings x
+sqrt(hidden), RMSNorm x (1 + w)), Gemma 2 (sandwich norms, query_pre_attn_scalar, attention
+and final-logit soft-capping, sliding/global alternation) and Gemma 3 text (`gemma3_text`:
+Gemma-style q/k norms, a RoPE per layer type). Attention, o_proj and MLP biases are used where
+a checkpoint has them. Sliding windows are implemented: a layer with window W lets the query
+at cache slot s see slots s-W+1..s, as HF's mask does (prompts are left-padded, so slot
+distance is position distance between real tokens). RoPE: the types whose frequencies are
+fixed at load time (default, linear, llama3, yarn), read from the model's own rotary module.
+
+Not covered (`unsupported` names the reason; the engine then decodes with the plain HF
+forward, which handles them): other model_types (Phi, OLMo, Gemma 3 multimodal `gemma3`,
+MoE ...), RoPE types that change their frequencies with the sequence length (dynamic,
+longrope), bidirectional attention (`use_bidirectional_attention`).
+
+Numerics: fp32 logits match HF's forward to ~1e-5; in bf16 the two round differently (HF's
+eager/SDPA kernels vs these matmuls), tests/models/test_families.py states the tolerances.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from traingym.models.families import covered_model_types, family_of, layer_windows
+
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed when the model is built
+
+
+def _rope_types(model) -> dict[str | None, str]:
+    """{layer type (None: one RoPE for all layers): rope_type} of the model's rotary module."""
+    rope_type = model.model.rotary_emb.rope_type
+    return dict(rope_type) if isinstance(rope_type, dict) else {None: rope_type}
+
+
+def unsupported(model) -> str | None:
+    """Why the fused path cannot run `model` exactly as HF does, or None when it can."""
+    c = model.config
+    family = family_of(c.model_type)
+    if family is None:
+        return (f"model_type {c.model_type!r} is not a covered family (covered: "
+                f"{', '.join(covered_model_types())})")
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
+        return f"{type(model).__name__} is not a causal LM with model.layers and lm_head"
+    if getattr(c, "use_bidirectional_attention", False):
+        return "use_bidirectional_attention=True (not causal)"
+    from transformers.activations import ACT2FN
+
+    act = getattr(c, family.activation_attr, None)
+    if act not in ACT2FN:
+        return f"activation {family.activation_attr}={act!r} is not one transformers knows"
+    dynamic = sorted({t for t in _rope_types(model).values() if t not in STATIC_ROPE})
+    if dynamic:
+        return (f"RoPE type {dynamic} recomputes its frequencies with the sequence length "
+                f"(covered: {', '.join(STATIC_ROPE)})")
+    return None
+
+
+def supports(model) -> bool:
+    return unsupported(model) is None
+
+
+def packing_pays(weight: torch.Tensor) -> bool:
+    """bf16 weights on a CPU whose oneDNN build has bf16 kernels."""
+    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
+            and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+class _Layer(NamedTuple):
+    ln1: torch.Tensor
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor | None
+    o_w: torch.Tensor
+    o_b: torch.Tensor | None
+    ln2: torch.Tensor  # before the MLP (Llama: post_attention_layernorm; Gemma 2/3: pre_ff)
+    gu_w: torch.Tensor
+    gu_b: torch.Tensor | None
+    down_w: torch.Tensor
+    down_b: torch.Tensor | None
+    q_norm: torch.Tensor | None  # Qwen3, Gemma 3: RMSNorm over each head
+    k_norm: torch.Tensor | None
+    post_attn: torch.Tensor | None  # Gemma 2/3 sandwich norms, on the sublayers' outputs
+    post_ff: torch.Tensor | None
+    window: int | None  # sliding window, None: full attention
+    rope: str | None  # which RoPE (Gemma 3: per layer type)
+    scale: float
+    softcap: float | None  # attention logit soft-capping (Gemma 2)
+
+
+def _cat_bias(*linears) -> torch.Tensor | None:
+    biases = [m.bias for m in linears]
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([b if b is not None else torch.zeros(m.out_features, dtype=m.weight.dtype)
+                      for b, m in zip(biases, linears)])
+
+
+class FusedDecoder:
+    def __init__(self, model):
+        reason = unsupported(model)
+        if reason is not None:
+            raise ValueError(f"FusedDecoder does not cover this model: {reason}")
+        self.model = model
+        c = model.config
+        self.family = family_of(c.model_type)
+        self.n_heads, self.n_kv = c.num_attention_heads, c.num_key_value_heads
+        self.head_dim = model.model.layers[0].self_attn.head_dim
+        self.eps = c.rms_norm_eps
+        self.gemma_norm = self.family.norm == "gemma"
+        self.final_softcap = getattr(c, "final_logit_softcapping", None)
+        self.windows = layer_windows(c, self.family)
+        self.window_sizes = sorted({w for w in self.windows if w is not None})
+        rot = model.model.rotary_emb
+        self.ropes = {}  # rope key -> (inv_freq fp32, attention scaling)
+        for kind in _rope_types(model):
+            prefix = f"{kind}_" if kind is not None else ""
+            self.ropes[kind] = (getattr(rot, f"{prefix}inv_freq").float(),
+                                float(getattr(rot, f"{prefix}attention_scaling")))
+        types = getattr(c, "layer_types", None)
+        self.layer_ropes = [types[i] if None not in self.ropes else None
+                            for i in range(c.num_hidden_layers)]
+        self.refresh()
+
+    def _prepare(self, w: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._reorder_linear_weight(w, 16) if self.packed else w
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None):
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+        return F.linear(x, w, b)
+
+    def _norm_weight(self, module) -> torch.Tensor:
+        """Llama: the weight as is; Gemma: (1 + w) in fp32, as Gemma's RMSNorm multiplies."""
+        return 1.0 + module.weight.float() if self.gemma_norm else module.weight
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Rebuild the fused (and, where it pays, pre-packed) weights from the HF model's current
+        parameters."""
+        from transformers.activations import ACT2FN
+
+        emb = self.model.model.embed_tokens
+        self.embed = emb.weight
+        scale = getattr(emb, "embed_scale", None)  # Gemma: sqrt(hidden), in the weight dtype
+        self.embed_scale = scale.to(self.embed.dtype) if scale is not None else None
+        self.packed = packing_pays(self.embed)
+        act = getattr(self.model.config, self.family.activation_attr)
+        self.act = F.silu if act == "silu" else ACT2FN[act]
+        pre, nw = self._prepare, self._norm_weight
+        self.layers = []
+        for i, layer in enumerate(self.model.model.layers):
+            a, m = layer.self_attn, layer.mlp
+            sandwich = hasattr(layer, "pre_feedforward_layernorm")
+            q_norm = getattr(a, "q_norm", None)
+            self.layers.append(_Layer(
+                nw(layer.input_layernorm),
+                pre(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
+                _cat_bias(a.q_proj, a.k_proj, a.v_proj),
+                pre(a.o_proj.weight), a.o_proj.bias,
+                nw(layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm),
+                pre(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
+                _cat_bias(m.gate_proj, m.up_proj),
+                pre(m.down_proj.weight), m.down_proj.bias,
+                nw(q_norm) if q_norm is not None else None,
+                nw(a.k_norm) if q_norm is not None else None,
+                nw(layer.post_attention_layernorm) if sandwich else None,
+                nw(layer.post_feedforward_layernorm) if sandwich else None,
+                self.windows[i], self.layer_ropes[i], float(a.scaling),
+                getattr(a, "attn_logit_softcapping", None),
+            ))
+        self.norm = nw(self.model.model.norm)
+        self.lm_head = pre(self.model.lm_head.weight)
+        self.lm_head_bias = self.model.lm_head.bias
+
+    def _rms(self, x, w):
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.gemma_norm:  # (x^ * (1 + w)) in fp32, then the input dtype
+            return (normed * w).to(x.dtype)
+        return w * normed.to(x.dtype)
+
+    def _rope(self, pos_B_T, dtype):
+        out = {}
+        for kind, (inv_freq, scaling) in self.ropes.items():
+            freqs = pos_B_T[..., None].float() * inv_freq
+            emb = torch.cat([freqs, freqs], -1)
+            out[kind] = ((emb.cos() * scaling).to(dtype)[:, None],
+                         (emb.sin() * scaling).to(dtype)[:, None])
+        return out
+
+    @staticmethod
+    def _rotate(x, cos, sin):
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+    def _embed(self, ids):
+        h = F.embedding(ids, self.embed)
+        return h * self.embed_scale if self.embed_scale is not None else h
+
+    def _masks(self, full, start: int, T: int, S: int):
+        """{window: mask} for every window the layers use (None: full attention), for queries
+        at cache slots start..start+T-1 over key slots 0..S-1. The query at slot q sees key
+        slots q-W+1..q (HF: kv_idx > q_idx - sliding_window)."""
+        masks = {None: full}
+        for w in self.window_sizes:
+            dist_T_S = torch.arange(start, start + T)[:, None] - torch.arange(S)[None, :]
+            masks[w] = full & (dist_T_S < w)
+        return masks
+
+    @torch.no_grad()
+    def prefill(self, ids_B_T, mask_B_T, pos_B_T, capacity: int):
+        """Run prompts (left-padded); return last-position logits and a cache of `capacity`."""
+        B, T = ids_B_T.shape
+        dtype = self.embed.dtype
+        cache = [(torch.zeros(B, self.n_kv, capacity, self.head_dim, dtype=dtype),
+                  torch.zeros(B, self.n_kv, capacity, self.head_dim, dtype=dtype))
+                 for _ in self.layers]
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        attn_mask = causal[None, None] & mask_B_T.bool()[:, None, None, :]
+        attn_mask = attn_mask | torch.eye(T, dtype=torch.bool)[None, None]  # pad rows: no NaN
+        h = self._layers(self._embed(ids_B_T), pos_B_T, cache, 0,
+                         self._masks(attn_mask, 0, T, T))
+        return self._logits(h[:, -1]), cache
+
+    @torch.no_grad()
+    def decode(self, tok_B, pos_B, cache, length: int, mask_B_S):
+        """One token per row at cache slot `length`; mask_B_S covers slots 0..length. Attention
+        runs over the whole preallocated cache (contiguous, so no copies), masking later slots."""
+        h = self._embed(tok_B[:, None])
+        capacity = cache[0][0].shape[2]
+        mask_B_C = F.pad(mask_B_S.bool(), (0, capacity - mask_B_S.shape[1]), value=False)
+        masks = self._masks(mask_B_C[:, None, None, :], length, 1, capacity)
+        h = self._layers(h, pos_B[:, None], cache, length, masks)
+        return self._logits(h[:, -1])
+
+    def _layers(self, h, pos_B_T, cache, start: int, masks):
+        B, T, _ = h.shape
+        H, KV, D = self.n_heads, self.n_kv, self.head_dim
+        ropes = self._rope(pos_B_T, h.dtype)
+        end = start + T
+        for layer, (k_cache, v_cache) in zip(self.layers, cache):
+            x = self._rms(h, layer.ln1)
+            qkv = self._linear(x, layer.qkv_w, layer.qkv_b).view(B, T, H + 2 * KV, D).transpose(1, 2)
+            q, k, v = qkv[:, :H], qkv[:, H : H + KV], qkv[:, H + KV :]
+            if layer.q_norm is not None:
+                q, k = self._rms(q, layer.q_norm), self._rms(k, layer.k_norm)
+            cos, sin = ropes[layer.rope]
+            k_cache[:, :, start:end] = self._rotate(k, cos, sin)
+            v_cache[:, :, start:end] = v
+            q = self._rotate(q, cos, sin)
+            mask = masks[layer.window]
+            if T == 1:  # over the whole (contiguous) cache; unfilled slots are masked out
+                att = self._decode_attention(q, k_cache, v_cache, mask, layer)
+            elif layer.softcap is None:
+                att = F.scaled_dot_product_attention(
+                    q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask,
+                    scale=layer.scale, enable_gqa=H != KV)
+            else:
+                att = self._capped_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], mask,
+                                             layer)
+            out = self._linear(att.transpose(1, 2).reshape(B, T, H * D), layer.o_w, layer.o_b)
+            h = h + (self._rms(out, layer.post_attn) if layer.post_attn is not None else out)
+            gate, up = self._linear(self._rms(h, layer.ln2), layer.gu_w, layer.gu_b).chunk(2, -1)
+            out = self._linear(self.act(gate) * up, layer.down_w, layer.down_b)
+            h = h + (self._rms(out, layer.post_ff) if layer.post_ff is not None else out)
+        return h
+
+    def _decode_attention(self, q_B_H_1_D, k_B_KV_S_D, v_B_KV_S_D, mask_B_1_1_S, layer):
+        B, H, _, D = q_B_H_1_D.shape
+        KV = k_B_KV_S_D.shape[1]
+        q = q_B_H_1_D.view(B, KV, H // KV, D)
+        scores = torch.matmul(q, k_B_KV_S_D.transpose(-1, -2)).float() * layer.scale  # (B, KV, G, S)
+        if layer.softcap is not None:
+            scores = torch.tanh(scores / layer.softcap) * layer.softcap
+        scores = scores.masked_fill(~mask_B_1_1_S, float("-inf"))
+        out = torch.matmul(scores.softmax(-1).to(v_B_KV_S_D.dtype), v_B_KV_S_D)  # (B, KV, G, D)
+        return out.view(B, H, 1, D)
+
+    @staticmethod
+    def _capped_attention(q_B_H_T_D, k_B_KV_S_D, v_B_KV_S_D, mask_B_1_T_S, layer):
+        """Prefill attention with soft-capped scores (SDPA has no soft-cap), as HF's eager."""
+        H, KV = q_B_H_T_D.shape[1], k_B_KV_S_D.shape[1]
+        k = k_B_KV_S_D.repeat_interleave(H // KV, 1)
+        v = v_B_KV_S_D.repeat_interleave(H // KV, 1)
+        scores = torch.matmul(q_B_H_T_D, k.transpose(-1, -2)) * layer.scale
+        scores = torch.tanh(scores / layer.softcap) * layer.softcap
+        scores = scores.masked_fill(~mask_B_1_T_S, float("-inf"))
+        return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(v.dtype), v)
+
+    def _logits(self, h_B_D):
+        logits = self._linear(self._rms(h_B_D, self.norm), self.lm_head, self.lm_head_bias)
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits.float()
