@@ -67,7 +67,7 @@ def _pass_k(text: str) -> tuple[int, ...]:
 def _config(args, run_dir: Path | None):
     """The eval config the flags ask for, or None (eval_run picks the run's or the default)."""
     from traingym.config_load import _merge, build_config, parse_overrides, validate
-    from traingym.eval_specs import run_config
+    from traingym.eval_specs import run_config_data
 
     extra = list(args.overrides)
     extra += [f"task.{k}={getattr(args, k)}" for k in ("reward", "env") if getattr(args, k)]
@@ -75,8 +75,7 @@ def _config(args, run_dir: Path | None):
         return None
     if args.config is not None or args.preset is not None or run_dir is None:
         return build_config(args.preset or "default", args.config, extra)
-    base = run_config(run_dir).model_dump(mode="json", by_alias=True)
-    return validate(_merge(base, parse_overrides(extra)))
+    return validate(_merge(run_config_data(run_dir), parse_overrides(extra)))
 
 
 def _run_of(texts) -> Path | None:

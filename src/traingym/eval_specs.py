@@ -62,15 +62,20 @@ def is_run_dir(path: Path) -> bool:
 
 
 def run_config(run_dir: Path) -> Config:
-    """The run's Config from its config.json (the resolved config, every field written out;
-    fields equal to the defaults are validated as unset, as the run had them)."""
+    """The run's Config from its config.json."""
     from traingym.config_load import validate
 
+    return validate(run_config_data(run_dir))
+
+
+def run_config_data(run_dir: Path) -> dict:
+    """The run's config.json (the resolved config, every field written out) less the fields
+    equal to the defaults, so they validate as unset, as the run had them."""
     try:
         data = json.loads((run_dir / RUN_CONFIG).read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"{run_dir / RUN_CONFIG} is not valid JSON ({e.msg})") from None
-    return validate(_non_default(data, Config().model_dump(mode="json")))
+    return _non_default(data, Config().model_dump(mode="json"))
 
 
 def _non_default(data: dict, default: dict) -> dict:
