@@ -12,7 +12,8 @@ benchmarks/results/mismatch.json): mismatch_abs_logp (mean |log p_trainer - log 
 policy tokens), mismatch_kl_k3 (mean k3, an estimate of KL(engine || trainer)), and under tis
 the correction's is_capped_frac (tokens whose ratio passed the cap: truncated), is_zero_frac
 and is_weight_mean; with reward, groups kept and seconds per step, the commit, the load
-average, and per setting the means over the steps that trained.
+average, and per setting the means over the steps that trained. The commit is read before
+the first run (the checkout is shared: it may move while the runs go on).
 
     PYTHONPATH=src .venv/bin/python benchmarks/mismatch.py                     # ~minutes
     PYTHONPATH=src .venv/bin/python benchmarks/mismatch.py --engines torch,vllm
@@ -104,9 +105,9 @@ def main() -> None:
     args = ap.parse_args()
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     check_engines(engines)
-    load_before = os.getloadavg()
+    load_before, checkout = os.getloadavg(), commit()  # the code the runs import: now
     rows = [run_one(engine, dtype, corr, args) for engine in engines for dtype, corr in SETTINGS]
-    out = {"command": "python benchmarks/mismatch.py " + " ".join(sys.argv[1:]), **commit(),
+    out = {"command": "python benchmarks/mismatch.py " + " ".join(sys.argv[1:]), **checkout,
            "date": time.strftime("%Y-%m-%d"), "cpu_count": os.cpu_count(),
            "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
            "model": args.model, "steps": args.steps, "prompts_per_step": args.prompts,
