@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from traingym.trainer.options import DistillConfig, LoraConfig, SftConfig
+
 
 def closest(word: str, choices) -> str | None:
     """The choice most like `word` (difflib ratio >= 0.6), or None when none is close."""
@@ -128,6 +130,12 @@ class TrainerConfig(_Strict):
                                                    "one ratio per sequence (product over tokens)")
     is_cap: float = Field(2.0, ge=1.0, description="tis: weights are cut to this; mis: tokens "
                           "(or sequences) with a weight above it get weight 0")
+    gradient_checkpointing: bool = Field(False, description="recompute each decoder layer in "
+                                         "the backward pass (less memory, more compute; the "
+                                         "trainer then runs full sequences: trainer/micro.py)")
+    micro_batch_tokens: int = Field(0, ge=0, description="cap on tokens per forward/backward "
+                                    "pass, splitting groups by samples (trainer/micro.py); 0: "
+                                    "micro-batches of micro_batch_groups whole groups")
 
     @model_validator(mode="after")
     def _parallel(self) -> TrainerConfig:
@@ -291,6 +299,16 @@ class Config(_Strict):
                                            "keep generating while the trainer trains")
     async_: AsyncConfig = Field(AsyncConfig(), alias="async")
     cluster: ClusterConfig = ClusterConfig()
+    lora: LoraConfig = LoraConfig()
+    sft: SftConfig = SftConfig()
+    distill: DistillConfig = DistillConfig()
+
+    @model_validator(mode="after")
+    def _extras(self) -> Config:
+        from traingym.trainer.options import check_extras
+
+        check_extras(self)  # ValueErrors name the problem and the fix
+        return self
 
     @model_validator(mode="after")
     def _importance_on(self) -> Config:

@@ -44,6 +44,7 @@ from traingym.algorithms.losses import grpo_token_loss
 from traingym.config import TrainerConfig
 from traingym.precision import autocast_bf16
 from traingym.trainer.logprobs import completion_logprobs
+from traingym.trainer.micro import micro_batches, sequence_logprobs
 from traingym.types import Batch
 
 
@@ -60,6 +61,10 @@ class TorchTrainer:
         self.reference = None
         if cfg.kl_coef > 0:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.logprobs = completion_logprobs  # the shared-prompt path (trainer/logprobs.py)
+        if cfg.gradient_checkpointing:  # HF drops the KV cache then: full rows (micro.py)
+            model.gradient_checkpointing_enable({"use_reentrant": False})
+            self.logprobs = sequence_logprobs
         self.forward_model = wrap(model) if wrap is not None else model
         self.optimizer = make_optimizer(model, cfg)
 
@@ -85,16 +90,14 @@ class TorchTrainer:
         may hold more groups than these), times `scale`. Returns the stats' shares."""
         stats = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0,
                  "mismatch_abs_logp": 0.0, "mismatch_kl_k3": 0.0}
-        mb = self.cfg.micro_batch_groups
-        for start in range(0, len(groups), mb):
-            chunk = groups[start : start + mb]
-            advantages = advantages_G[start : start + mb]
+        for chunk, advantages in micro_batches(groups, advantages_G, self.cfg.micro_batch_groups,
+                                               self.cfg.micro_batch_tokens):
             rows = ([g.samples[0].prompt_ids for g in chunk],
                     [[s.completion_ids for s in g.samples] for g in chunk],
                     self.temperature, self.pad_token_id,
                     [[s.loss_mask for s in g.samples] for g in chunk])
             with self._autocast():
-                out = completion_logprobs(self.forward_model, *rows)
+                out = self.logprobs(self.forward_model, *rows)
                 ref = None
                 if self.reference is not None:
                     with torch.no_grad():

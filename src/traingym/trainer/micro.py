@@ -1,0 +1,97 @@
+"""Micro-batching by tokens, and the full-sequence log-prob path that gradient checkpointing
+needs.
+
+`micro_batches` splits a batch's groups into forward/backward passes. By default each pass
+holds `trainer.micro_batch_groups` whole groups. With `trainer.micro_batch_tokens > 0`, samples
+are packed greedily, in batch order, into passes whose padded token count stays within the
+cap: a pass's cost is counted as each of its groups' prompt once (the trainer runs a shared
+prompt once) plus rows x its longest completion. A group may be split across passes (each part
+runs its prompt again); a single sample above the cap runs alone. Since the loss is summed
+over policy tokens and divided by the batch's token count, the update equals one big batch's
+up to float rounding (tests/trainer/test_micro_ckpt.py).
+
+`sequence_logprobs` gives what trainer/logprobs.py's `completion_logprobs` gives (same row
+layout, masks, entropy) from one forward pass over full prompt + completion rows, without a
+KV cache. Hugging Face's gradient checkpointing drops the cache in training
+(transformers/modeling_layers.py sets `cache=None`), which the shared-prompt path depends on,
+so with `trainer.gradient_checkpointing` the trainer uses this path. It runs each prompt once
+per sample, so it does more compute than the shared-prompt path; what it saves is activation
+memory. Not covered: checkpointing the shared-prompt path itself.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from traingym.padding import left_pad, right_pad
+from traingym.trainer.logprobs import TokenLogprobs
+from traingym.types import Group
+
+
+def pass_tokens(groups: list[Group]) -> int:
+    """Padded tokens of one pass: each group's prompt once, plus rows x longest completion."""
+    rows = [s for g in groups for s in g.samples]
+    if not rows:
+        return 0
+    return (sum(len(g.samples[0].prompt_ids) for g in groups)
+            + len(rows) * max(len(s.completion_ids) for s in rows))
+
+
+def micro_batches(groups: list[Group], advantages_G: list[list[float]], groups_per_pass: int,
+                  max_tokens: int = 0) -> list[tuple[list[Group], list[list[float]]]]:
+    """The passes over (groups, advantages): by whole groups (`max_tokens` 0) or by tokens."""
+    if max_tokens <= 0:
+        return [(groups[i : i + groups_per_pass], advantages_G[i : i + groups_per_pass])
+                for i in range(0, len(groups), groups_per_pass)]
+    passes: list = []
+    parts: list[tuple[Group, list]] = []  # (source group, [(sample, advantage), ...])
+
+    def groups_of(ps):
+        return [Group(samples=[x for x, _ in rows], index=src.index) for src, rows in ps]
+
+    def added(ps, group, sample, a):
+        if ps and ps[-1][0] is group:
+            return [*ps[:-1], (group, [*ps[-1][1], (sample, a)])]
+        return [*ps, (group, [(sample, a)])]
+
+    for group, adv in zip(groups, advantages_G):
+        for sample, a in zip(group.samples, adv):
+            grown = added(parts, group, sample, a)
+            if parts and pass_tokens(groups_of(grown)) > max_tokens:
+                passes.append(parts)
+                grown = added([], group, sample, a)
+            parts = grown
+    if parts:
+        passes.append(parts)
+    return [(groups_of(ps), [[a for _, a in rows] for _, rows in ps]) for ps in passes]
+
+
+def sequence_logprobs(model, prompts, completions, temperature: float, pad_token_id: int,
+                      loss_masks=None, entropy_grad: bool = False) -> TokenLogprobs:
+    """completion_logprobs' result from full rows (prompt + completion), one pass, no cache."""
+    device = next(model.parameters()).device
+    flat = [c for group in completions for c in group]
+    if any(len(c) == 0 for c in flat):
+        raise ValueError("sequence_logprobs: every completion needs at least one token")
+    row_prompts = [p for p, group in zip(prompts, completions) for _ in group]
+    ids_B_L, pmask_B_L = left_pad(row_prompts, pad_token_id, device)
+    comp_B_C, cmask_B_C = right_pad(flat, pad_token_id, device)
+    ids = torch.cat([ids_B_L, comp_B_C], dim=1)
+    attn = torch.cat([pmask_B_L, cmask_B_C], dim=1)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    C = comp_B_C.shape[1]
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                   logits_to_keep=C + 1).logits[:, :-1]  # predicts completion tokens
+    if logits.dtype in (torch.bfloat16, torch.float16):
+        logits = logits.float()
+    logsm = (logits / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
+    logp = logsm.gather(-1, comp_B_C[..., None])[..., 0]
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = -(logsm.exp() * logsm).sum(-1)
+    mask = cmask_B_C.to(logp.dtype)
+    if loss_masks is not None:
+        flat_masks = [m for group in loss_masks for m in group]
+        if [len(m) for m in flat_masks] != [len(c) for c in flat]:
+            raise ValueError("sequence_logprobs: each loss mask must match its completion")
+        mask = mask * right_pad(flat_masks, 0, device)[0].to(logp.dtype)
+    return TokenLogprobs(logp * mask, mask, entropy * mask)
