@@ -324,6 +324,10 @@ def _build_run(cfg: Config, run_dir: Path, resume: bool, inputs: Inputs,
     random.seed(cfg.seed)
     model, tok = load_policy(cfg.model.path, seed=cfg.seed)
     engine = build_engine(cfg, model, tok)  # its own copy of the weights
+    if cfg.lora.rank > 0:  # lora.sync='adapter': the engine merges adapters (trainer/lora.py)
+        from traingym.trainer.lora import wrap_engine
+
+        engine = wrap_engine(cfg, engine)
     try:
         run, start_step = _assemble(cfg, run_dir, resume, inputs, progress, model, tok, engine)
     except BaseException:

@@ -15,5 +15,10 @@ def build_trainer(cfg: Config, model, pad_token_id: int):
     from traingym.algorithms.importance import ImportanceSpec
     from traingym.trainer.torch_trainer import TorchTrainer
 
-    return TorchTrainer(model, cfg.trainer, cfg.rollout.temperature, pad_token_id,
-                        importance=ImportanceSpec.from_config(cfg))
+    cls, extra = TorchTrainer, {}
+    if cfg.lora.rank > 0:  # adapters only (trainer/lora.py)
+        from traingym.trainer.lora import LoraTrainer
+
+        cls, extra = LoraTrainer, {"lora": cfg.lora}
+    return cls(model, cfg.trainer, cfg.rollout.temperature, pad_token_id,
+                        importance=ImportanceSpec.from_config(cfg), **extra)
