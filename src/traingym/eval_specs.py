@@ -197,8 +197,6 @@ def check_overlap(rows: list[dict], spec: ModelSpec, allow: bool) -> dict:
 def build_engine_for(cfg: Config, spec: ModelSpec) -> tuple[Any, Any]:
     """(engine, tokenizer) for `spec` through the engine registry. An engine that takes no
     weights (a read-only endpoint) gets no model (None) and cannot be given a checkpoint."""
-    from safetensors.torch import load_model
-
     from traingym.models.loader import load_policy
     from traingym.rollout import registry
 
@@ -216,12 +214,33 @@ def build_engine_for(cfg: Config, spec: ModelSpec) -> tuple[Any, Any]:
         return cls.from_config(cfg, None, tok, options), tok
     model, tok = load_policy(cfg.model.path, seed=cfg.seed)
     if spec.checkpoint is not None:
-        missing, unexpected = load_model(model, str(spec.checkpoint / "model.safetensors"))
-        if missing or unexpected:
-            raise ConfigError(f"checkpoint {spec.checkpoint} does not fit model.path="
-                              f"{cfg.model.path!r} (missing {missing[:3]}, unexpected "
-                              f"{unexpected[:3]})")
+        load_weights(model, cfg, spec.checkpoint)
     return cls.from_config(cfg, model, tok, options), tok
+
+
+def load_weights(model, cfg: Config, folder: Path) -> None:
+    """Put checkpoint `folder`'s weights into the base `model` (in place). A LoRA run's
+    checkpoint (lora.rank > 0) holds the adapter-injected state: it is loaded into an injected
+    copy and merged (W + (alpha/r) B A in float32, trainer/lora.py merged_state), which is what
+    the run's engine served with lora.sync='merged' (and, with a float32 engine, 'adapter')."""
+    from safetensors.torch import load_model
+
+    lora = getattr(cfg, "lora", None)
+    target = model
+    if lora is not None and lora.rank > 0:
+        import copy
+
+        from traingym.trainer.lora import apply_lora
+
+        target = apply_lora(copy.deepcopy(model), lora)
+    missing, unexpected = load_model(target, str(folder / "model.safetensors"))
+    if missing or unexpected:
+        raise ConfigError(f"checkpoint {folder} does not fit model.path={cfg.model.path!r} "
+                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    if target is not model:
+        from traingym.trainer.lora import merged_state
+
+        model.load_state_dict(merged_state(target), strict=True)
 
 
 def _tokenizer(path: str):

@@ -28,10 +28,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 def export(source: str | Path, out: str | Path, dtype: str | None = None) -> Path:
     """Write `source`'s weights as a Hugging Face folder at `out`; return `out`."""
     import torch
-    from safetensors.torch import load_model
     from transformers import GenerationConfig
 
-    from traingym.eval_specs import resolve_spec, run_config
+    from traingym.eval_specs import load_weights, resolve_spec, run_config
     from traingym.models.loader import load_policy, resolve_path
 
     out = Path(out)
@@ -46,11 +45,7 @@ def export(source: str | Path, out: str | Path, dtype: str | None = None) -> Pat
                                 "give RUN_DIR/checkpoints/step_N or a run directory")
     cfg = run_config(spec.run_dir)
     model, tok = load_policy(cfg.model.path, seed=cfg.seed)
-    missing, unexpected = load_model(model, str(spec.checkpoint / "model.safetensors"))
-    if missing or unexpected:
-        raise ConfigError(f"export: checkpoint {spec.checkpoint} does not fit model.path="
-                          f"{cfg.model.path!r} (missing {missing[:3]}, unexpected "
-                          f"{unexpected[:3]})")
+    load_weights(model, cfg, spec.checkpoint)  # a LoRA run's: merged (eval_specs.py)
     if dtype is not None:
         model.to(getattr(torch, dtype))
     base = resolve_path(cfg.model.path)
