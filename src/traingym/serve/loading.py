@@ -30,8 +30,11 @@ class Served:
 
 
 def _run_config(run_dir: Path, overrides: list[str]):
+    """The default config with the run's model, seed and engine settings (all that serving
+    reads), so a run written by an older traingym, whose other keys have moved since, still
+    serves; `overrides` go on top."""
     from traingym.config import ConfigError
-    from traingym.config_load import _merge, parse_overrides, validate
+    from traingym.config_load import _merge, build_config, parse_overrides
 
     path = run_dir / "config.json"
     if not path.is_file():
@@ -40,10 +43,14 @@ def _run_config(run_dir: Path, overrides: list[str]):
                                 "`traingym train` (RUN/checkpoints/step_N)")
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path} is not valid JSON ({e.msg}); it cannot describe the run") \
+        rollout = data.get("rollout", {})
+        kept = {"seed": data.get("seed", 0), "model": data["model"], "rollout": {
+            k: rollout[k] for k in ("engine", "engine_options", "max_batch_rows")
+            if k in rollout}}
+    except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as e:
+        raise ConfigError(f"{path} does not describe a run's model ({type(e).__name__}: {e})") \
             from None
-    return validate(_merge(data, parse_overrides(overrides)) if overrides else data)
+    return build_config("default", None, _merge(kept, parse_overrides(overrides)))
 
 
 def resolve(arg: str) -> tuple[str, Path | None, Path | None]:

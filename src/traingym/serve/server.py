@@ -37,6 +37,9 @@ def add_parser(sub) -> None:
                    help="requests answered at once; more get 429")
     s.add_argument("--max-n", type=int, default=16, help="completions per request")
     s.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    s.add_argument("--max-context", type=int, help="prompt + completion tokens allowed "
+                   "(default: the model's max_position_embeddings; a RoPE model computes "
+                   "longer positions, at whatever quality it has there)")
     s.add_argument("--graceful-s", type=float, default=30.0,
                    help="on SIGTERM, how long requests in flight may take to finish")
     s.add_argument("--log-level", default="warning")
@@ -73,8 +76,9 @@ def main(args) -> int:
     from traingym.serve.limits import Limits
 
     key = api_key(args.host, args.api_key_env)  # before loading anything
-    for flag in ("max_tokens", "max_prompt_tokens", "max_concurrent", "max_n", "max_body_bytes"):
-        if getattr(args, flag) < 1:
+    for flag in ("max_tokens", "max_prompt_tokens", "max_concurrent", "max_n", "max_body_bytes",
+                 "max_context"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1")
     try:
         import uvicorn
@@ -86,6 +90,8 @@ def main(args) -> int:
     from traingym.serve.loading import load
 
     served = load(args.model, args.overrides, args.served_model_name)
+    if args.max_context is not None:
+        served.context_len = args.max_context
     limits = Limits(args.max_body_bytes, args.max_tokens, args.max_prompt_tokens,
                     args.max_concurrent, args.max_n)
     app = build_app(served, limits, key)
