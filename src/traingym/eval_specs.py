@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from traingym import checkpoint
 from traingym.config import Config, ConfigError
+from traingym.runs import is_run_dir  # noqa: F401 (re-exported)
 
 RUN_CONFIG = "config.json"
 
@@ -46,19 +47,6 @@ class ModelSpec:
         return {"spec": self.text, "model_path": self.model_path,
                 "checkpoint": str(self.checkpoint) if self.checkpoint else None,
                 "run_dir": str(self.run_dir) if self.run_dir else None}
-
-
-def is_run_dir(path: Path) -> bool:
-    """A traingym run directory: its config.json is a traingym config (has 'model' and
-    'rollout' sections), not a Hugging Face model config."""
-    cfg = path / RUN_CONFIG
-    if not cfg.is_file():
-        return False
-    try:
-        data = json.loads(cfg.read_text())
-    except (json.JSONDecodeError, OSError):
-        return False
-    return isinstance(data, dict) and "rollout" in data and isinstance(data.get("model"), dict)
 
 
 def run_config(run_dir: Path) -> Config:

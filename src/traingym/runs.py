@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from traingym import checkpoint, runlock
+from traingym import runlock
+
+MARKER = "COMMITTED"  # checkpoint.py's commit marker (not imported: that module imports torch)
 
 
 @dataclass(frozen=True)
@@ -40,13 +42,34 @@ class Checkpoint:
         return json.loads((self.path / "state.json").read_text())
 
     def verify(self) -> dict:
+        """Check every file against the manifest (checkpoint.py); return the manifest."""
+        from traingym import checkpoint
+
         return checkpoint.verify(self.path)
+
+
+def is_run_dir(path: Path) -> bool:
+    """A traingym run directory: its config.json is a traingym config (has 'model' and
+    'rollout' sections), not a Hugging Face model config."""
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        return False
+    try:
+        data = json.loads(cfg.read_text())
+    except (json.JSONDecodeError, OSError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and "rollout" in data and isinstance(data.get("model"), dict)
+
+
+def committed(root: Path) -> list[Path]:
+    """Committed checkpoint folders, oldest first (as checkpoint.committed)."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("step_*") if (p / MARKER).is_file())
 
 
 class RunView:
     def __init__(self, run_dir: str | Path):
-        from traingym.eval_specs import is_run_dir
-
         self.path = Path(run_dir)
         if not is_run_dir(self.path):
             raise FileNotFoundError(f"{self.path} is not a run directory (no traingym "
@@ -76,7 +99,7 @@ class RunView:
     @property
     def checkpoints(self) -> list[Checkpoint]:
         return [Checkpoint(p, int(p.name.removeprefix("step_")))
-                for p in checkpoint.committed(self.path / "checkpoints")]
+                for p in committed(self.path / "checkpoints")]
 
     @property
     def latest_checkpoint(self) -> Checkpoint | None:
@@ -179,8 +202,6 @@ def open_run(run_dir: str | Path) -> RunView:
 
 def find_runs(root: str | Path) -> list[RunView]:
     """`root` itself if it is a run, else the runs one or two levels below it, sorted by path."""
-    from traingym.eval_specs import is_run_dir
-
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a folder; give the folder that holds your runs "
