@@ -3,7 +3,8 @@ validated against the schema (config.py) before any work starts.
 
 Unknown keys fail at load time and name the closest valid one ("did you mean 'steps'?").
 Presets are partial configs merged under the user's values: a preset never drops a value the
-user set.
+user set. A model preset (`model.preset`, models/presets.py) goes under everything, the run
+preset included: model preset < run preset < file < --set.
 """
 
 from __future__ import annotations
@@ -151,6 +152,9 @@ def _shown(value: Any) -> str:
 
 
 def validate(data: dict) -> Config:
+    from traingym.models.presets import preset_settings
+
+    data = _merge(preset_settings(data), data)  # a model preset goes under the user's values
     try:
         return Config.model_validate(data)
     except ValidationError as e:

@@ -2,8 +2,9 @@
 pipeline simulator (cluster/simulate.py) before any cluster time is spent.
 
 Inputs, and where each comes from:
-- the traingym config: the model's size (model.path: 'tiny', 'embedded' or a Hugging Face
-  folder's config.json, counted on torch's meta device, no weights loaded), the weights'
+- the traingym config: the model's size (model.preset's count, models/presets.py; else
+  model.path: 'tiny', 'embedded' or a Hugging Face folder's config.json, counted on torch's
+  meta device, no weights loaded), the weights'
   wire dtype (model.engine_dtype), prompts_per_step x group_size, rollout.max_new_tokens
   (every completion is taken to be that long: an upper bound unless rollout.ignore_eos),
   whether the task runs an env (task.env) or a reward function, and cluster.sandbox_workers;
@@ -182,13 +183,15 @@ def workload(cfg, args, cluster: TargetCluster, params: int) -> Workload:
 def run(args) -> int:
     """`traingym plan`: prints the inputs, one row per configuration and the best runnable."""
     from traingym.config_load import build_config
+    from traingym.models.presets import get as get_preset
 
     if args.sim_steps < 8:
         raise bad(f"--sim-steps {args.sim_steps}: need at least 8 (4 are warm-up)")
     cluster = target_cluster(args)
     cfg = build_config(args.preset, args.config, args.overrides)
     figures = codec_figures(args.codec_figures)
-    params = model_params(cfg.model.path)
+    params = (get_preset(cfg.model.preset).params if cfg.model.preset  # no weights needed
+              else model_params(cfg.model.path))
     w = workload(cfg, args, cluster, params)
     r = rates(cluster, params)
     ks = (1, 2) if cfg.mode == "sync" else tuple(sorted({1, 2, cfg.async_.max_staleness}))

@@ -20,6 +20,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import traingym
+from traingym.envs.render import PromptRenderer
+from traingym.models.families import END_OF_TURN, FAMILIES, chat_template
 from traingym.models.loader import tiny_tokenizer
 from traingym.observability.events import read_events
 from traingym.padding import left_pad
@@ -201,3 +203,58 @@ def test_a_short_training_run_of_each_family_trains(tok, name, tmp_path, monkeyp
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == CASES[name][0]
+
+
+# (d) chat templates: each family's format on the tiny tokenizer, through traingym's renderer
+Q = "What is 2 + 3?"
+SYS = "Be brief."
+CHATML_Q = f"<|im_start|>user\n{Q}<|im_end|>\n<|im_start|>assistant\nThe answer is"
+LLAMA3_Q = (f"<|start_header_id|>user<|end_header_id|>\n\n{Q}<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nThe answer is")
+GEMMA_TURN = "<start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\nThe answer is"
+RENDERED = {  # template: (no system prompt, with task.system_prompt = SYS); {bos} = bos_token
+    "chatml-qwen2.5": (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+        "assistant.<|im_end|>\n" + CHATML_Q,
+        f"<|im_start|>system\n{SYS}<|im_end|>\n" + CHATML_Q),
+    "qwen3": (CHATML_Q, f"<|im_start|>system\n{SYS}<|im_end|>\n" + CHATML_Q),
+    "llama3": ("{bos}" + LLAMA3_Q,
+               "{bos}<|start_header_id|>system<|end_header_id|>\n\n" + SYS + "<|eot_id|>"
+               + LLAMA3_Q),
+    "mistral": (f"{{bos}}[INST] {Q} [/INST]The answer is",
+                f"{{bos}}[INST] {SYS}\n\n{Q} [/INST]The answer is"),
+    "gemma": ("{bos}" + GEMMA_TURN.format(Q), None),  # no system role: refused
+    "gemma3": ("{bos}" + GEMMA_TURN.format(Q), "{bos}" + GEMMA_TURN.format(f"{SYS}\n\n{Q}")),
+}
+NEXT_TURN = {  # what follows a policy turn that ended with the end-of-turn text
+    "chatml-qwen2.5": "\n<|im_start|>user\nAnd 4 + 4?<|im_end|>\n<|im_start|>assistant\n",
+    "qwen3": "\n<|im_start|>user\nAnd 4 + 4?<|im_end|>\n<|im_start|>assistant\n",
+    "llama3": "<|start_header_id|>user<|end_header_id|>\n\nAnd 4 + 4?<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\n",
+    "mistral": "[INST] And 4 + 4? [/INST]",
+    "gemma": "\n<start_of_turn>user\nAnd 4 + 4?<end_of_turn>\n<start_of_turn>model\n",
+    "gemma3": "\n<start_of_turn>user\nAnd 4 + 4?<end_of_turn>\n<start_of_turn>model\n",
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_each_familys_chat_template_through_the_renderer(family):
+    import jinja2
+
+    name = FAMILIES[family].chat_template
+    tok = tiny_tokenizer()
+    tok.chat_template = chat_template(name)
+    plain, with_system = RENDERED[name]
+    renderer = PromptRenderer(tok, prefill="The answer is")
+    text = renderer.text({"prompt": Q})
+    assert text == plain.format(bos=tok.bos_token)
+    assert tok.decode(renderer.ids({"prompt": Q})) == text  # ids are the text, nothing lost
+    system = PromptRenderer(tok, prefill="The answer is", system_prompt=SYS)
+    if with_system is None:  # traingym sends a system message; this template refuses it
+        with pytest.raises(jinja2.TemplateError, match="System role not supported"):
+            system.text({"prompt": Q})
+    else:
+        assert system.text({"prompt": Q}) == with_system.format(bos=tok.bos_token)
+    end = END_OF_TURN[name] or tok.eos_token
+    follow = renderer.continuation([{"role": "user", "content": "And 4 + 4?"}], stop_text=end)
+    assert follow == NEXT_TURN[name]

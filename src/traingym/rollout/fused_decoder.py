@@ -252,54 +252,57 @@ class FusedDecoder:
     def _layers(self, h, pos_B_T, cache, start: int, masks):
         B, T, _ = h.shape
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
+        rms, linear, rotate = self._rms, self._linear, self._rotate
         ropes = self._rope(pos_B_T, h.dtype)
         end = start + T
-        for layer, (k_cache, v_cache) in zip(self.layers, cache):
-            x = self._rms(h, layer.ln1)
-            qkv = self._linear(x, layer.qkv_w, layer.qkv_b).view(B, T, H + 2 * KV, D).transpose(1, 2)
+        for (ln1, qkv_w, qkv_b, o_w, o_b, ln2, gu_w, gu_b, down_w, down_b, q_norm, k_norm,
+             post_attn, post_ff, window, rope, scale, softcap), (k_cache, v_cache) in zip(
+                self.layers, cache):
+            qkv = linear(rms(h, ln1), qkv_w, qkv_b).view(B, T, H + 2 * KV, D).transpose(1, 2)
             q, k, v = qkv[:, :H], qkv[:, H : H + KV], qkv[:, H + KV :]
-            if layer.q_norm is not None:
-                q, k = self._rms(q, layer.q_norm), self._rms(k, layer.k_norm)
-            cos, sin = ropes[layer.rope]
-            k_cache[:, :, start:end] = self._rotate(k, cos, sin)
+            if q_norm is not None:
+                q, k = rms(q, q_norm), rms(k, k_norm)
+            cos, sin = ropes[rope]
+            k_cache[:, :, start:end] = rotate(k, cos, sin)
             v_cache[:, :, start:end] = v
-            q = self._rotate(q, cos, sin)
-            mask = masks[layer.window]
+            q = rotate(q, cos, sin)
+            mask = masks[window]
             if T == 1:  # over the whole (contiguous) cache; unfilled slots are masked out
-                att = self._decode_attention(q, k_cache, v_cache, mask, layer)
-            elif layer.softcap is None:
+                att = self._decode_attention(q, k_cache, v_cache, mask, scale, softcap)
+            elif softcap is None:
                 att = F.scaled_dot_product_attention(
-                    q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask,
-                    scale=layer.scale, enable_gqa=H != KV)
+                    q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask, scale=scale,
+                    enable_gqa=H != KV)
             else:
                 att = self._capped_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], mask,
-                                             layer)
-            out = self._linear(att.transpose(1, 2).reshape(B, T, H * D), layer.o_w, layer.o_b)
-            h = h + (self._rms(out, layer.post_attn) if layer.post_attn is not None else out)
-            gate, up = self._linear(self._rms(h, layer.ln2), layer.gu_w, layer.gu_b).chunk(2, -1)
-            out = self._linear(self.act(gate) * up, layer.down_w, layer.down_b)
-            h = h + (self._rms(out, layer.post_ff) if layer.post_ff is not None else out)
+                                             scale, softcap)
+            out = linear(att.transpose(1, 2).reshape(B, T, H * D), o_w, o_b)
+            h = h + (rms(out, post_attn) if post_attn is not None else out)
+            gate, up = linear(rms(h, ln2), gu_w, gu_b).chunk(2, -1)
+            out = linear(self.act(gate) * up, down_w, down_b)
+            h = h + (rms(out, post_ff) if post_ff is not None else out)
         return h
 
-    def _decode_attention(self, q_B_H_1_D, k_B_KV_S_D, v_B_KV_S_D, mask_B_1_1_S, layer):
+    @staticmethod
+    def _decode_attention(q_B_H_1_D, k_B_KV_S_D, v_B_KV_S_D, mask_B_1_1_S, scale, softcap):
         B, H, _, D = q_B_H_1_D.shape
         KV = k_B_KV_S_D.shape[1]
         q = q_B_H_1_D.view(B, KV, H // KV, D)
-        scores = torch.matmul(q, k_B_KV_S_D.transpose(-1, -2)).float() * layer.scale  # (B, KV, G, S)
-        if layer.softcap is not None:
-            scores = torch.tanh(scores / layer.softcap) * layer.softcap
+        scores = torch.matmul(q, k_B_KV_S_D.transpose(-1, -2)).float() * scale  # (B, KV, G, S)
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         scores = scores.masked_fill(~mask_B_1_1_S, float("-inf"))
         out = torch.matmul(scores.softmax(-1).to(v_B_KV_S_D.dtype), v_B_KV_S_D)  # (B, KV, G, D)
         return out.view(B, H, 1, D)
 
     @staticmethod
-    def _capped_attention(q_B_H_T_D, k_B_KV_S_D, v_B_KV_S_D, mask_B_1_T_S, layer):
+    def _capped_attention(q_B_H_T_D, k_B_KV_S_D, v_B_KV_S_D, mask_B_1_T_S, scale, softcap):
         """Prefill attention with soft-capped scores (SDPA has no soft-cap), as HF's eager."""
         H, KV = q_B_H_T_D.shape[1], k_B_KV_S_D.shape[1]
         k = k_B_KV_S_D.repeat_interleave(H // KV, 1)
         v = v_B_KV_S_D.repeat_interleave(H // KV, 1)
-        scores = torch.matmul(q_B_H_T_D, k.transpose(-1, -2)) * layer.scale
-        scores = torch.tanh(scores / layer.softcap) * layer.softcap
+        scores = torch.matmul(q_B_H_T_D, k.transpose(-1, -2)) * scale
+        scores = torch.tanh(scores / softcap) * softcap
         scores = scores.masked_fill(~mask_B_1_T_S, float("-inf"))
         return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(v.dtype), v)
 

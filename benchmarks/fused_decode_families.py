@@ -1,0 +1,114 @@
+"""Did generalising the fused decode to the model families slow the Llama path down?
+
+Times the old Llama-only module (rollout/fused_llama.py read from git at --baseline, default
+bf9721c, the last commit that had it) against rollout/fused_decoder.py on the same model and
+the same inputs: one prefill, then --steps decode steps of --rows rows, in alternating
+rounds (A B A B ...) so that load on this shared machine hits both alike. Reports the median
+seconds per decode step of each and new/old (and of the fastest round of each: on a loaded
+machine the least disturbed round is closest to the code's own cost); checks both give the
+same logits.
+
+    .venv/bin/python benchmarks/fused_decode_families.py            # embedded SmolLM2-135M
+    .venv/bin/python benchmarks/fused_decode_families.py --model tiny
+
+Writes benchmarks/results/fused_decode_families.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_baseline(commit: str):
+    src = subprocess.run(["git", "show", f"{commit}:src/traingym/rollout/fused_llama.py"],
+                         cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    path = Path("/tmp") / f"fused_llama_{commit}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"fused_llama_{commit}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FusedLlama
+
+
+def run(fused, ids, mask, pos, steps: int) -> tuple[float, torch.Tensor]:
+    """Seconds per decode step (prefill excluded) and the last logits."""
+    logits, cache = fused.prefill(ids, mask, pos, ids.shape[1] + steps)
+    next_pos = pos[:, -1] + 1
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tok = logits.argmax(-1)
+        mask = torch.cat([mask, torch.ones_like(tok)[:, None]], 1)
+        logits = fused.decode(tok, next_pos, cache, mask.shape[1] - 1, mask)
+        next_pos = next_pos + 1
+    return (time.perf_counter() - t0) / steps, logits
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="embedded", help="'embedded', 'tiny' or a folder")
+    p.add_argument("--baseline", default="bf9721c")
+    p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=40)
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default=str(ROOT / "benchmarks/results/fused_decode_families.json"))
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    from traingym.models.loader import load_policy
+    from traingym.rollout.fused_decoder import FusedDecoder
+
+    model, tok = load_policy(args.model)
+    model.eval()
+    old_cls = load_baseline(args.baseline)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (args.rows, args.prompt_tokens), generator=g)
+    mask = torch.ones_like(ids)
+    pos = torch.arange(args.prompt_tokens)[None].expand(args.rows, -1)
+    impls = {"old": old_cls(model), "new": FusedDecoder(model)}
+    times = {k: [] for k in impls}
+    last = {}
+    run(impls["old"], ids, mask, pos, 2)  # warm-up
+    run(impls["new"], ids, mask, pos, 2)
+    for _ in range(args.rounds):
+        for name, fused in impls.items():
+            s, last[name] = run(fused, ids, mask, pos, args.steps)
+            times[name].append(s)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    best = {k: min(v) for k, v in times.items()}  # the least disturbed round of each
+    result = {
+        "model": args.model, "params": sum(p.numel() for p in model.parameters()),
+        "dtype": str(next(model.parameters()).dtype), "rows": args.rows,
+        "prompt_tokens": args.prompt_tokens, "decode_steps": args.steps,
+        "rounds": args.rounds, "threads": args.threads, "baseline_commit": args.baseline,
+        "seconds_per_step": times, "median_s_per_step": med,
+        "new_over_old": med["new"] / med["old"],
+        "min_s_per_step": best, "new_over_old_min": best["new"] / best["old"],
+        "max_abs_logit_diff": (last["new"] - last["old"]).abs().max().item(),
+        "load_avg": os.getloadavg(), "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                 capture_output=True, text=True).stdout.strip(),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{args.model}: old {med['old'] * 1e3:.2f} ms/step, new {med['new'] * 1e3:.2f} "
+          f"ms/step, new/old {result['new_over_old']:.3f} (fastest rounds: "
+          f"{result['new_over_old_min']:.3f}), max |logit diff| "
+          f"{result['max_abs_logit_diff']:.1e} -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
