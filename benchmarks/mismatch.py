@@ -4,7 +4,7 @@ For each engine named in --engines (default: torch), runs the sync loop (`traing
 model.path 'embedded', --steps steps of --prompts prompts x 4 samples, 8 new tokens, T = 1,
 fp32 trainer: trainer.bf16_autocast false) in four settings, one run each, same seed:
 
-- engine fp32 / trainer fp32, trainer.is_correction none and tis (cap 2, token level);
+- engine fp32 / trainer fp32, algorithm.is_correction none and tis (cap 2, token level);
 - engine bf16 / trainer fp32 (model.engine_dtype bfloat16), none and tis;
 
 and writes each step's figures from the run's events.jsonl to --out (default
@@ -64,7 +64,7 @@ def run_one(engine: str, dtype: str, correction: str, args) -> dict:
         "seed": args.seed, "steps": args.steps, "threads": args.threads,
         "model": {"path": args.model, "engine_dtype": dtype},
         "rollout": {"engine": engine, "prompts_per_step": args.prompts},
-        "trainer": {"bf16_autocast": False, "is_correction": correction},
+        "trainer": {"bf16_autocast": False}, "algorithm": {"is_correction": correction},
         "eval": {"before": False, "after": False}})
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.monotonic()

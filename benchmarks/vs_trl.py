@@ -61,8 +61,9 @@ def run_traingym(a, work: Path) -> dict:
         "rollout": {"prompts_per_step": PROMPTS, "group_size": GROUP, "temperature": TEMP,
                     "max_new_tokens": NEW_TOKENS, "ignore_eos": True},
         "trainer": {"lr": LR, "betas": [0.9, 0.99], "weight_decay": 0.0, "grad_clip": 1.0,
-                    "clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0,
-                    "normalize_std": False, "bf16_autocast": True},
+                    "bf16_autocast": True},
+        "algorithm": {"name": "grpo", "clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0,
+                      "normalize_std": False},
         "eval": {"num_prompts": HELDOUT, "before": False, "after": False}})
     t0 = time.monotonic()
     res = traingym.train(cfg, run_dir=work / "traingym", progress=False)

@@ -52,14 +52,14 @@ trainer stays in this process.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 
-from traingym.algorithms.advantages import build_batch
+from traingym.algorithms import registry
 from traingym.cluster.engine_process import Job
 from traingym.cluster.local import LocalEngines
 from traingym.config import ConfigError
 from traingym.rollout.runner import stream_seed
+from traingym.step import run_step
 from traingym.types import Group
 
 
@@ -78,6 +78,7 @@ class Feed:
         self.out: dict[tuple[int, int], dict] = {}  # key -> row
         self.redo: deque[tuple[int, int, dict]] = deque()  # (index, attempt, row)
         self.dispatched = self.dropped = 0  # since this process started: admission
+        self.extra = 0  # groups taken beyond per_step a step (dynamic sampling's refills)
         self.dropped_total = self.skipped = 0
         if saved:  # a resumed run: what was out when the checkpoint was written is redone
             self.redo.extend((i, a, data.row(i)) for i, a in saved["redo"])
@@ -92,7 +93,7 @@ class Feed:
     def jobs(self, steps_done: int) -> list[Job]:
         """New jobs the admission rule allows now."""
         out = []
-        limit = (steps_done + self.max_staleness + 1) * self.per_step
+        limit = (steps_done + self.max_staleness + 1) * self.per_step + self.extra
         while len(self.out) < self.window and self.dispatched - self.dropped < limit:
             if self.redo:
                 index, attempt, row = self.redo.popleft()
@@ -119,10 +120,11 @@ class Feed:
         return sorted([k[0] for k in self.out] + [i for i, _, _ in self.redo])
 
 
-def _take_fresh(engines: LocalEngines, feed: Feed, step: int, steps_done: int):
-    """Wait for prompts_per_step groups fresh enough for `step`; drop the stale ones."""
+def _take_fresh(engines: LocalEngines, feed: Feed, step: int, steps_done: int,
+                n: int | None = None):
+    """Wait for `n` (prompts_per_step) groups fresh enough for `step`; drop the stale ones."""
     groups, staleness, dropped, meta = [], [], [], {}
-    while len(groups) < feed.per_step:
+    while len(groups) < (n or feed.per_step):
         for job in feed.jobs(steps_done):
             engines.dispatch(job)
         key, group, meta = engines.next()
@@ -161,32 +163,28 @@ def async_train_loop(run, start_step: int) -> dict:
         engines = LocalEngines(run, start_step)
     metrics: dict = {}
     try:
+        algorithm = registry.build(cfg)
         for step in range(start_step, cfg.steps):
-            t0 = time.monotonic()
-            groups, info = _take_fresh(engines, feed, step, step - start_step)
-            t1 = time.monotonic()
-            batch = build_batch(groups, normalize_std=cfg.trainer.normalize_std)
-            train_metrics = run.trainer.train_step(batch)
-            t2 = time.monotonic()
-            sync = engines.publish(run.trainer.export(), step + 1)
-            t3 = time.monotonic()
-            saved = run.maybe_checkpoint(step, {"async_feed": feed.state()})
-            t4 = time.monotonic()
-            seconds = {"rollout": t1 - t0, "train": t2 - t1, "sync": t3 - t2,
-                       "checkpoint": t4 - t3, "step": t4 - t0}
-            metrics = run.step_metrics(step, groups, batch, train_metrics, seconds, saved)
-            metrics = {k: v for k, v in metrics.items() if not k.startswith("sync_")}
-            metrics.update(sync, **info, trainer_idle_frac=seconds["rollout"] / seconds["step"],
-                           async_dropped_total=feed.dropped_total,
-                           async_skipped_total=feed.skipped)
-            if step + 1 == cfg.steps:
-                metrics["async_unfinished"] = feed.unfinished()
-                metrics["async_final_weights"] = engines.verify_final()
-            metrics.update({f"async_{k}": v for k, v in engines.stats.items()})
-            run.log.event(metrics)
-            run.log.samples(step, groups)
-            run.progress.update(step, metrics)
-            run.stop_if_preempted(step, saved, {"async_feed": feed.state()})  # preempt.py
+            taken = []
+
+            def take(n: int, step=step, taken=taken):
+                if taken:  # a refill (dynamic sampling): admit n more than the step's share
+                    feed.extra += n
+                taken.append(n)
+                return _take_fresh(engines, feed, step, step - start_step, n)
+
+            def extend(metrics: dict, seconds: dict, step=step) -> None:
+                metrics.update(trainer_idle_frac=seconds["rollout"] / seconds["step"],
+                               async_dropped_total=feed.dropped_total,
+                               async_skipped_total=feed.skipped)
+                if step + 1 == cfg.steps:
+                    metrics["async_unfinished"] = feed.unfinished()
+                    metrics["async_final_weights"] = engines.verify_final()
+                metrics.update({f"async_{k}": v for k, v in engines.stats.items()})
+
+            metrics, _ = run_step(run, step, take, engines.publish, algorithm,
+                                  loop_state=lambda: {"async_feed": feed.state()},
+                                  extend=extend)
     finally:
         engines.close()
     run.weights.publish(run.trainer.export(), version=cfg.steps)  # the in-process eval engine

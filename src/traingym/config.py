@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from traingym.algorithms.config import AlgorithmConfig
 from traingym.trainer.options import DistillConfig, LoraConfig, SftConfig
 
 
@@ -119,10 +120,6 @@ class TrainerConfig(_Strict):
     bf16_autocast: bool | Literal["auto"] = Field(
         "auto", description="bf16 autocast for forward/backward (master weights and optimizer "
         "stay fp32); 'auto': on where the device has fast bf16 kernels (precision.py)")
-    clip_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1")
-    clip_high: float = Field(0.28, ge=0, description="PPO ratio clip above 1 (DAPO clip-higher)")
-    kl_coef: float = Field(0.0, ge=0, description="weight of k3 KL to the initial model; 0 = off")
-    normalize_std: bool = Field(False, description="divide advantages by the group std")
     data_parallel: int = Field(1, ge=1, description="trainer ranks (world size): rank 0 in "
                                "this process, the others local processes (cluster.type "
                                "'local') or Ray actors ('ray'); each trains on whole groups "
@@ -133,15 +130,6 @@ class TrainerConfig(_Strict):
     dist_timeout_s: float = Field(300.0, gt=0, description="with data_parallel > 1: a rank "
                                   "that does not answer (or a collective that does not "
                                   "finish) within this long fails the step")
-    is_correction: Literal["auto", "none", "tis", "mis"] = Field(
-        "auto", description="importance-sampling correction for the gap between the engine's "
-        "log-probs and the trainer's (staleness in async mode, numerics in any mode): "
-        "truncated (tis), masked (mis) or none; 'auto': tis with mode='async', none with "
-        "mode='sync' (algorithms/importance.py)")
-    is_level: Literal["token", "sequence"] = Field("token", description="ratio per token, or "
-                                                   "one ratio per sequence (product over tokens)")
-    is_cap: float = Field(2.0, ge=1.0, description="tis: weights are cut to this; mis: tokens "
-                          "(or sequences) with a weight above it get weight 0")
     gradient_checkpointing: bool = Field(False, description="recompute each decoder layer in "
                                          "the backward pass (less memory, more compute; the "
                                          "trainer then runs full sequences: trainer/micro.py)")
@@ -303,6 +291,7 @@ class Config(_Strict):
     task: TaskConfig = TaskConfig()
     rollout: RolloutConfig = RolloutConfig()
     trainer: TrainerConfig = TrainerConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     weights: WeightsConfig = WeightsConfig()
@@ -324,12 +313,19 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _importance_on(self) -> Config:
-        t = self.trainer
-        off = t.is_correction == "none" or (t.is_correction == "auto" and self.mode == "sync")
-        if off and {"is_level", "is_cap"} & t.model_fields_set:
-            raise ValueError("trainer.is_level and is_cap apply only with an importance "
-                             "correction: set trainer.is_correction to 'tis' or 'mis' (its "
+        a = self.algorithm
+        off = a.is_correction == "none" or (a.is_correction == "auto" and self.mode == "sync")
+        if off and {"is_level", "is_cap"} & a.model_fields_set:
+            raise ValueError("algorithm.is_level and is_cap apply only with an importance "
+                             "correction: set algorithm.is_correction to 'tis' or 'mis' (its "
                              "default 'auto' is none with mode='sync')")
+        if a.kl_coef > 0 and a.kl_in == "reward" and self.trainer.data_parallel > 1:
+            raise ValueError("algorithm.kl_in='reward' shapes advantages over the whole batch "
+                             "in one process: use kl_in='loss' or trainer.data_parallel=1")
+        if a.entropy_coef > 0 and self.trainer.gradient_checkpointing:
+            raise ValueError("algorithm.entropy_coef needs the entropy's gradient, which the "
+                             "gradient-checkpointing path (trainer/micro.py) does not keep: "
+                             "set entropy_coef=0 or trainer.gradient_checkpointing=false")
         return self
 
     @model_validator(mode="after")
@@ -369,9 +365,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 # Keys that moved: an old name's error names the new place (config_load.py: _unknown_key).
 MOVED_KEYS: dict[str, str] = {
-    "async.is_correction": "trainer.is_correction",
-    "async.is_level": "trainer.is_level",
-    "async.is_cap": "trainer.is_cap",
+    **{f"{old}.{k}": f"algorithm.{k}" for old in ("async", "trainer")
+       for k in ("is_correction", "is_level", "is_cap")},
+    **{f"trainer.{k}": f"algorithm.{k}" for k in ("clip_low", "clip_high", "kl_coef",
+                                                   "normalize_std")},
 }
 
 

@@ -129,8 +129,8 @@ def _unknown_key(loc: str, value: Any) -> str:
     """'unknown key ...' with the closest valid key: a sibling in the same section first, then
     the same name in another section, else the section's valid keys (never all of them)."""
     if loc in MOVED_KEYS:
-        return (f"{loc!r} has moved to {MOVED_KEYS[loc]!r} (it now applies in sync mode too); "
-                f"set {MOVED_KEYS[loc]!r} instead")
+        return (f"{loc!r} has moved to {MOVED_KEYS[loc]!r} (the algorithm section owns the "
+                f"algorithm's knobs); set {MOVED_KEYS[loc]!r} instead")
     keys = _valid_keys(Config)
     names = set(keys) | {k.rsplit(".", 1)[0] for k in keys if "." in k}  # keys and sections
     parent, _, leaf = loc.rpartition(".")

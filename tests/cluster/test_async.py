@@ -196,9 +196,9 @@ def test_bad_async_configs_fail_before_work():
     with pytest.raises(ConfigError, match="applies only with mode='async'"):
         traingym.build_config("tiny", overrides={"async": {"max_staleness": 2}})
     with pytest.raises(ConfigError, match="'async.is_correction' has moved to "
-                       "'trainer.is_correction'"):
+                       "'algorithm.is_correction'"):
         _cfg(is_correction="mis")
-    with pytest.raises(ConfigError, match="trainer.is_correction"):
-        traingym.build_config("tiny", overrides={"trainer": {"is_correction": "clip"}})
+    with pytest.raises(ConfigError, match="algorithm.is_correction"):
+        traingym.build_config("tiny", overrides={"algorithm": {"is_correction": "clip"}})
     with pytest.raises(ConfigError, match="unknown key 'async.stale'"):
         _cfg(stale=1)

@@ -6,7 +6,7 @@ tiny model:
   k3 1e-14..3e-14 on torch 2.13 CPU; asserted below 1e-5 and 1e-10);
 - sync, bf16 engine (`model.engine_dtype=bfloat16`): clearly above that (seen: |d| 7e-4..9e-4,
   k3 4e-7..6e-7; asserted above 1e-4 and 1e-8);
-- sync with `trainer.is_correction="tis"`: trains and reports is_weight_mean, is_zero_frac,
+- sync with `algorithm.is_correction="tis"`: trains and reports is_weight_mean, is_zero_frac,
   is_capped_frac; at is_cap 1 (every ratio above 1 truncated) some but not all tokens are
   capped and the mean weight is below 1;
 - another engine (tests/toy_engine.py, no KV cache) and async mode record it too;
@@ -70,7 +70,7 @@ def test_bf16_engine_shows_a_mismatch(tmp_path):
 
 def test_sync_tis_trains_and_reports_its_stats(tmp_path):
     events = _run(tmp_path, model={"engine_dtype": "bfloat16"},
-                  trainer={"is_correction": "tis", "is_cap": 1.0})
+                  algorithm={"is_correction": "tis", "is_cap": 1.0})
     for e in events:
         assert 0.0 < e["is_capped_frac"] < 1.0  # ratios above 1 (about half) cut to 1
         assert e["is_weight_mean"] < 1.0 and e["is_zero_frac"] == 0.0
@@ -107,7 +107,8 @@ def _with_engine_logprobs(batch, seed):
 def test_two_ranks_give_one_process_figures(tiny):
     model, pad = tiny
     cfg = traingym.build_config("tiny", overrides={"threads": 1, "trainer": {
-        "micro_batch_groups": 2, "lr": 1e-2, "data_parallel": 2, "is_correction": "tis"}})
+        "micro_batch_groups": 2, "lr": 1e-2, "data_parallel": 2},
+        "algorithm": {"is_correction": "tis"}})
     ref = TorchTrainer(copy.deepcopy(model), cfg.trainer, 1.0, pad,
                        importance=ImportanceSpec.from_config(cfg))
     dp = build_trainer(cfg, copy.deepcopy(model), pad)

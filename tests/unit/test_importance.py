@@ -132,22 +132,24 @@ def test_k3_is_accurate_for_tiny_differences():
     assert math.isclose(sums["mismatch_kl_k3"], d * d / 2, rel_tol=1e-3)
 
 
-def test_is_correction_lives_in_the_trainer_section():
+def test_is_correction_lives_in_the_algorithm_section():
     sync = traingym.build_config("tiny")
     asyn = traingym.build_config("tiny", overrides={"mode": "async",
                                                     "weights": {"transport": "tcp"}})
     assert ImportanceSpec.from_config(sync) == ImportanceSpec("none", "token", 2.0)
     assert ImportanceSpec.from_config(asyn) == ImportanceSpec("tis", "token", 2.0)
-    on = traingym.build_config("tiny", overrides={"trainer": {
+    on = traingym.build_config("tiny", overrides={"algorithm": {
         "is_correction": "mis", "is_level": "sequence", "is_cap": 3.0}})
     assert ImportanceSpec.from_config(on) == ImportanceSpec("mis", "sequence", 3.0)
     with pytest.raises(ConfigError, match="apply only with an importance correction"):
-        traingym.build_config("tiny", overrides={"trainer": {"is_cap": 3.0}})
+        traingym.build_config("tiny", overrides={"algorithm": {"is_cap": 3.0}})
 
 
 @pytest.mark.parametrize("key", ["is_correction", "is_level", "is_cap"])
 def test_old_async_keys_name_their_new_place(key):
     value = {"is_correction": "tis", "is_level": "token", "is_cap": 2.0}[key]
-    with pytest.raises(ConfigError, match=f"'async.{key}' has moved to 'trainer.{key}'"):
+    with pytest.raises(ConfigError, match=f"'async.{key}' has moved to 'algorithm.{key}'"):
         traingym.build_config("tiny", overrides={"mode": "async", "weights": {
             "transport": "tcp"}, "async": {key: value}})
+    with pytest.raises(ConfigError, match=f"'trainer.{key}' has moved to 'algorithm.{key}'"):
+        traingym.build_config("tiny", overrides={"trainer": {key: value}})

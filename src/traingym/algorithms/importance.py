@@ -16,7 +16,7 @@ options):
 - sequence level: one weight per sample, exp(sum over its policy tokens of the log ratio),
   shared by all of its tokens (computed in log space, so no overflow before the cap).
 
-The run's choice is `trainer.is_correction` / `is_level` / `is_cap` (config.py), resolved by
+The run's choice is `algorithm.is_correction` / `is_level` / `is_cap` (config.py), resolved by
 `ImportanceSpec.from_config`: 'auto' is tis in async mode and none in sync mode.
 
 Mismatch (`mismatch_sums`), measured on every step whatever the correction: with d = log
@@ -49,9 +49,9 @@ class ImportanceSpec:
 
     @classmethod
     def from_config(cls, cfg) -> ImportanceSpec:
-        """From a run's Config: trainer.is_correction 'auto' is tis with mode='async' (the
+        """From a run's Config: algorithm.is_correction 'auto' is tis with mode='async' (the
         samples are off-policy) and none with mode='sync'."""
-        t = cfg.trainer
+        t = cfg.algorithm
         mode = t.is_correction
         if mode == "auto":
             mode = "tis" if cfg.mode == "async" else "none"

@@ -38,3 +38,28 @@ def grpo_token_loss(
     else:
         kl_B_T = torch.zeros_like(loss_B_T)
     return loss_B_T, kl_B_T, is_clipped_B_T
+
+
+def clipped_surrogate(logp_B_T: torch.Tensor, old_logp_B_T: torch.Tensor, adv_B_T: torch.Tensor,
+                      clip_low: float, clip_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's per-token clipped surrogate -min(r A, clip(r, 1 - low, 1 + high) A), r =
+    exp(logp - old), and where the clipped term was the smaller one (the token's gradient
+    is cut). `adv_B_T` broadcasts: (B, 1) for per-sample advantages."""
+    ratio_B_T = torch.exp(logp_B_T - old_logp_B_T)
+    unclipped = ratio_B_T * adv_B_T
+    clipped = ratio_B_T.clamp(1 - clip_low, 1 + clip_high) * adv_B_T
+    return -torch.minimum(unclipped, clipped), (clipped < unclipped).float()
+
+
+def kl_estimate(logp_B_T: torch.Tensor, ref_logp_B_T: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token KL(pi || ref) estimates on tokens sampled from pi, d = log ref - log pi
+    (Schulman 2020): k1 = -d (unbiased, can be negative), k2 = d^2 / 2, k3 = exp(d) - d - 1
+    (unbiased, non-negative). Gradients flow through `logp_B_T`."""
+    d = ref_logp_B_T - logp_B_T
+    if estimator == "k1":
+        return -d
+    if estimator == "k2":
+        return 0.5 * d * d
+    if estimator == "k3":
+        return torch.exp(d) - d - 1
+    raise ValueError(f"kl estimator {estimator!r}; expected k1, k2 or k3")

@@ -46,6 +46,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from traingym.algorithms import registry
 from traingym.algorithms.importance import ImportanceSpec
 from traingym.config import Config
 from traingym.trainer.rank import (Rank, RankSpec, build_replica, fqn_optimizer_state,
@@ -115,7 +116,7 @@ class DistributedTrainer:
                 t, cfg.rollout.temperature, pad_token_id,
                 ImportanceSpec.from_config(cfg), type(model), model.config,
                 manifest(model), [n for n, p in model.named_parameters() if not p.requires_grad],
-                threads)
+                threads, registry.build(cfg))
             self.handles = self.placement.start(self.spec)
             self._finalizer = weakref.finalize(self, _kill, list(self.handles),
                                                self.placement)
@@ -138,8 +139,9 @@ class DistributedTrainer:
             return empty_metrics(self.cfg.lr)
         self._sync_pending()
         parts = split_groups(batch, self.world)
-        mine, theirs = self._everyone("step", lambda: self.rank.step(*parts[0], total),
-                                      [(g, a, total) for g, a in parts[1:]])
+        denom = self.rank.spec.algorithm.denominator(batch)  # the algorithm's loss divisor
+        mine, theirs = self._everyone("step", lambda: self.rank.step(*parts[0], total, denom),
+                                      [(g, a, total, denom) for g, a in parts[1:]])
         stats: dict[str, float] = {}
         for part in (mine, *theirs):
             for k, v in part.items():

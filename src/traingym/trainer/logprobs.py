@@ -36,11 +36,13 @@ def completion_logprobs(
     temperature: float,
     pad_token_id: int,
     loss_masks: list[list[list[int]]] | None = None,
+    entropy_grad: bool = False,
 ) -> TokenLogprobs:
     """Log-probs under softmax(logits / temperature) of completions[p][g] given prompts[p].
 
     Rows come out prompt-major: row p * G_p + g. Every completion must have at least one token.
     `loss_masks[p][g]` (same shape as completions; None: all ones) marks the tokens to train on.
+    `entropy_grad`: the entropy keeps its graph (an entropy bonus in the loss); else no grad.
     """
     device = next(model.parameters()).device
     ids_P_L, mask_P_L = left_pad(prompts, pad_token_id, device)
@@ -75,7 +77,7 @@ def completion_logprobs(
     logits_B_C_V = logits_B_C_V / (temperature if temperature > 0 else 1.0)
     logsm_B_C_V = logits_B_C_V.log_softmax(-1)
     logp_B_C = logsm_B_C_V.gather(-1, comp_B_C[..., None])[..., 0]
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy_B_C = -(logsm_B_C_V.exp() * logsm_B_C_V).sum(-1)
     mask = cmask_B_C.to(logp_B_C.dtype)
     if loss_masks is not None:

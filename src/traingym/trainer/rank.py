@@ -23,7 +23,7 @@ Not covered: GPUs and NCCL (the group is gloo, tensors stay on CPU); FSDP2 with 
 precision or CPU offload, bf16 autocast under FSDP2 (tested in fp32), a model with
 parameters that a forward pass leaves unused (DDP runs with find_unused_parameters=False).
 FSDP2 here shards parameters at rest and the optimizer state, not the parameters during a
-step (they stay gathered across its micro-batches); the KL reference, when kl_coef > 0, is a
+step (they stay gathered across its micro-batches); the KL reference, when algorithm.kl_coef > 0, is a
 full copy on every rank.
 """
 
@@ -63,6 +63,7 @@ class RankSpec:
     manifest: list[tuple[str, tuple[int, ...], str]]  # rank 0's parameters and buffers
     frozen: list[str]  # parameters that do not require grad
     threads: int
+    algorithm: Any = None  # algorithms/base.py Algorithm (None: GRPO's defaults)
 
 
 def _tensors(model) -> list[tuple[str, torch.Tensor]]:
@@ -160,15 +161,18 @@ class Rank:
                 dist.broadcast(t.detach(), src=0)
         wrap = _ddp if s.parallelism == "ddp" else (lambda m: _fsdp2(m, s.world))
         self.trainer = TorchTrainer(self.model, s.trainer, s.temperature, s.pad_token_id,
-                                    importance=s.importance, wrap=wrap)
+                                    importance=s.importance, wrap=wrap,
+                                    algorithm=s.algorithm)
 
-    def step(self, groups, advantages_G, total_tokens: int) -> dict[str, float]:
+    def step(self, groups, advantages_G, total_tokens: int,
+             denom: float | None = None) -> dict[str, float]:
         """Forward/backward on this rank's groups, one gradient sync, clip, AdamW (skipped on
         every rank alike when the global grad norm is not finite)."""
         t = self.trainer
         t.optimizer.zero_grad(set_to_none=True)
         with self._no_sync():
-            stats = t.accumulate(groups, advantages_G, total_tokens, scale=self.spec.world)
+            stats = t.accumulate(groups, advantages_G, total_tokens, scale=self.spec.world,
+                                 denom=denom)
         ids = torch.tensor([[self.spec.pad_token_id]])
         logits = t.forward_model(input_ids=ids, use_cache=False).logits
         (logits.float().sum() * 0.0).backward()  # the sync pass: same collectives on all ranks

@@ -25,6 +25,15 @@ whole groups so that each prompt is run once per micro-batch. Environment tokens
 samples (`Sample.loss_mask` 0) are run through the model as context but carry no loss, no KL
 and no entropy, and are not counted.
 
+The algorithm (algorithms/base.py; `algorithm.name`, default GRPO) supplies the per-token
+loss, each token's weight and the batch's loss divisor (`denominator`; token-level averaging
+for GRPO: the batch's policy tokens), per-token advantages where they need this pass (KL as
+a reward penalty: an extra no-grad pass over the batch first), and whether a reference model
+is kept (`algorithm.kl_coef > 0`). Reference log-probs are computed once per batch, before
+its micro-batches, and serve both the KL term and the KL reward penalty. The entropy bonus
+(`algorithm.entropy_coef`) subtracts coef x entropy per token. `loss` is the algorithm's
+loss; `kl`, `entropy`, `clip_frac` are means over policy tokens.
+
 A batch in which every group was dropped (all rewards equal within each group) has nothing to
 learn from: the step makes no optimizer update but still counts as a step, and its
 events.jsonl record shows `groups_kept: 0` and `trained_tokens: 0`.
@@ -40,7 +49,6 @@ import torch
 
 from traingym.algorithms.importance import (ImportanceSpec, importance_sums,
                                             importance_weights, mismatch_sums, over_cap)
-from traingym.algorithms.losses import grpo_token_loss
 from traingym.config import TrainerConfig
 from traingym.precision import autocast_bf16
 from traingym.trainer.logprobs import completion_logprobs
@@ -50,16 +58,22 @@ from traingym.types import Batch
 
 class TorchTrainer:
     def __init__(self, model, cfg: TrainerConfig, temperature: float, pad_token_id: int,
-                 importance=None, wrap=None):
+                 importance=None, wrap=None, algorithm=None):
         """`wrap` (trainer/rank.py: DDP or FSDP2) is applied after the KL reference is copied
-        and before the optimizer is built; forward passes go through what it returns."""
+        and before the optimizer is built; forward passes go through what it returns.
+        `algorithm`: an algorithms/base.py Algorithm (None: GRPO with its defaults)."""
+        if algorithm is None:
+            from traingym.algorithms.grpo import GRPO
+
+            algorithm = GRPO()
+        self.algorithm = algorithm
         self.model = model.train()
         self.cfg = cfg
         self.temperature = temperature
         self.pad_token_id = pad_token_id
         self.importance: ImportanceSpec | None = importance  # None: no correction
         self.reference = None
-        if cfg.kl_coef > 0:
+        if algorithm.needs_reference:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.logprobs = completion_logprobs  # the shared-prompt path (trainer/logprobs.py)
         if cfg.gradient_checkpointing:  # HF drops the KV cache then: full rows (micro.py)
@@ -79,47 +93,86 @@ class TorchTrainer:
         if total_tokens == 0:
             return empty_metrics(self.cfg.lr)
         self.optimizer.zero_grad(set_to_none=True)
-        stats = self.accumulate(batch.groups, batch.advantages_G, total_tokens)
+        stats = self.accumulate(batch.groups, batch.advantages_G, total_tokens,
+                                denom=self.algorithm.denominator(batch))
         grad_norm = check_finite(self.clip_and_step())
         return {**stats, "grad_norm": grad_norm, "trained_tokens": total_tokens,
                 "lr": self.cfg.lr}
 
-    def accumulate(self, groups, advantages_G, total_tokens: int, scale: float = 1.0) -> dict:
+    def accumulate(self, groups, advantages_G, total_tokens: int, scale: float = 1.0,
+                   denom: float | None = None) -> dict:
         """Forward and backward over `groups` in micro-batches, gradients accumulated; the loss
-        is summed over policy tokens and divided by `total_tokens` (the whole batch's, which
-        may hold more groups than these), times `scale`. Returns the stats' shares."""
+        (the algorithm's per-token loss times its token weights) is summed and divided by
+        `denom` (the whole batch's, which may hold more groups than these; None:
+        `total_tokens`), times `scale`. Stats are per policy token of the batch: divided by
+        `total_tokens`. Returns the stats' shares."""
+        denom = float(total_tokens) if denom is None else denom
+        algo, knobs = self.algorithm, self.algorithm.knobs
         stats = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0,
                  "mismatch_abs_logp": 0.0, "mismatch_kl_k3": 0.0}
-        for chunk, advantages in micro_batches(groups, advantages_G, self.cfg.micro_batch_groups,
-                                               self.cfg.micro_batch_tokens):
-            rows = ([g.samples[0].prompt_ids for g in chunk],
-                    [[s.completion_ids for s in g.samples] for g in chunk],
-                    self.temperature, self.pad_token_id,
-                    [[s.loss_mask for s in g.samples] for g in chunk])
+        chunks = self._chunks(groups, advantages_G)
+        rows = [self._rows(chunk) for chunk, _ in chunks]
+        refs = [self._no_grad_logp(self.reference, r) if self.reference is not None else None
+                for r in rows]  # once per batch, before its micro-batches
+        token_adv = self._token_advantages(chunks, rows, refs) if algo.token_level else None
+        for n, (chunk, advantages) in enumerate(chunks):
             with self._autocast():
-                out = self.logprobs(self.forward_model, *rows)
-                ref = None
-                if self.reference is not None:
-                    with torch.no_grad():
-                        ref = completion_logprobs(self.reference, *rows).logp_B_T
-            adv_B = torch.tensor([a for adv in advantages for a in adv], dtype=torch.float32,
-                                 device=out.logp_B_T.device)
+                out = self.logprobs(self.forward_model, *rows[n],
+                                    **({"entropy_grad": True} if knobs.entropy_coef > 0 else {}))
             mask = out.mask_B_T  # policy tokens only
+            adv_B_T = (token_adv[n] if token_adv is not None else torch.tensor(
+                [a for adv in advantages for a in adv], dtype=torch.float32,
+                device=out.logp_B_T.device)[:, None])
             trainer_B_T = out.logp_B_T.detach().float()
             engine_B_T = engine_logprobs(chunk, trainer_B_T)
             sums = mismatch_sums(trainer_B_T, engine_B_T, mask)
             weight_B_T = self._importance(trainer_B_T, engine_B_T, mask, sums)
-            loss_B_T, kl_B_T, clipped_B_T = grpo_token_loss(
-                out.logp_B_T, out.logp_B_T.detach(), adv_B, self.cfg.clip_low,
-                self.cfg.clip_high, ref, self.cfg.kl_coef, weight_B_T)
+            loss_B_T, clipped_B_T = algo.token_loss(out.logp_B_T, out.logp_B_T.detach(),
+                                                    adv_B_T, mask)
+            if weight_B_T is not None:
+                loss_B_T = loss_B_T * weight_B_T.detach()
+            kl_B_T = torch.zeros_like(loss_B_T)
+            if refs[n] is not None:
+                kl_B_T = algo.kl(out.logp_B_T, refs[n])
+                if knobs.kl_in == "loss":
+                    loss_B_T = loss_B_T + knobs.kl_coef * kl_B_T
+            if knobs.entropy_coef > 0:
+                loss_B_T = loss_B_T - knobs.entropy_coef * out.entropy_B_T
             for k, v in sums.items():
                 stats[k] = stats.get(k, 0.0) + v / total_tokens
-            (loss_B_T * mask).sum().mul(scale).div(total_tokens).backward()
-            stats["loss"] += float((loss_B_T.detach() * mask).sum()) / total_tokens
+            weighted = loss_B_T * algo.token_weights(mask)
+            weighted.sum().mul(scale).div(denom).backward()
+            stats["loss"] += float(weighted.detach().sum()) / denom
             stats["kl"] += float((kl_B_T.detach() * mask).sum()) / total_tokens
-            stats["entropy"] += float((out.entropy_B_T * mask).sum()) / total_tokens
+            stats["entropy"] += float((out.entropy_B_T.detach() * mask).sum()) / total_tokens
             stats["clip_frac"] += float((clipped_B_T * mask).sum()) / total_tokens
         return stats
+
+    def _chunks(self, groups, advantages_G) -> list[tuple[list, list]]:
+        """The micro-batches (forward/backward passes) over (groups, advantages)."""
+        return micro_batches(groups, advantages_G, self.cfg.micro_batch_groups,
+                             self.cfg.micro_batch_tokens)
+
+    def _rows(self, chunk) -> tuple:
+        return ([g.samples[0].prompt_ids for g in chunk],
+                [[s.completion_ids for s in g.samples] for g in chunk],
+                self.temperature, self.pad_token_id,
+                [[s.loss_mask for s in g.samples] for g in chunk])
+
+    def _no_grad_logp(self, model, rows) -> torch.Tensor:
+        with torch.no_grad(), self._autocast():
+            return self.logprobs(model, *rows).logp_B_T.float()
+
+    def _token_advantages(self, chunks, rows, refs) -> list[torch.Tensor]:
+        """Per-token advantages (KL as a reward penalty): one no-grad pass of the policy over
+        the batch for its log-probs, the KL to the reference, then the algorithm's shaping."""
+        parts = []
+        for (chunk, advantages), r, ref in zip(chunks, rows, refs):
+            logp = self._no_grad_logp(self.forward_model, r)
+            mask = completion_mask(chunk, logp)
+            adv_B = torch.tensor([a for adv in advantages for a in adv], dtype=torch.float32)
+            parts.append((adv_B.to(logp.device), self.algorithm.kl(logp, ref) * mask, mask))
+        return [a.float() for a in self.algorithm.token_advantages(parts)]
 
     def clip_and_step(self) -> float:
         """Clip the gradients' global norm and step, unless that norm is not finite (then
@@ -163,6 +216,14 @@ def engine_logprobs(groups, like_B_T: torch.Tensor) -> torch.Tensor:
     for i, lps in enumerate(s.completion_logprobs for g in groups for s in g.samples):
         engine_B_T[i, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
     return engine_B_T
+
+
+def completion_mask(groups, like_B_T: torch.Tensor) -> torch.Tensor:
+    """Policy-token mask (B, T) laid out as completion_logprobs lays out rows."""
+    mask_B_T = torch.zeros_like(like_B_T)
+    for i, m in enumerate(s.loss_mask for g in groups for s in g.samples):
+        mask_B_T[i, : len(m)] = torch.tensor(m, dtype=mask_B_T.dtype)
+    return mask_B_T
 
 
 def batch_tokens(batch: Batch) -> int:

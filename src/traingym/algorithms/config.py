@@ -1,0 +1,76 @@
+"""The `algorithm` config section: which algorithm (algorithms/registry.py) and its knobs.
+
+A knob left at None takes the chosen algorithm's own default (each algorithm file's
+`DEFAULTS`; algorithms/base.py resolves them into `Knobs`), so `algorithm.name = "gspo"`
+alone gives GSPO's clip range, and `"dapo"` alone its dynamic sampling and overlong shaping.
+These keys lived under `trainer.*` before; the old names fail with an error naming the new
+place (config.py: MOVED_KEYS).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class AlgorithmConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    name: str = Field("grpo", description="the RL algorithm (algorithms/registry.py): grpo, "
+                      "dr_grpo, dapo, gspo, cispo, rloo, reinforce_pp, or a 'module:Class' path")
+    normalize_std: bool | None = Field(None, description="divide group advantages by the "
+                                       "group's std (None: the algorithm's default)")
+    clip_low: float | None = Field(None, ge=0, description="ratio clip below 1 (None: the "
+                                   "algorithm's default; grpo 0.2)")
+    clip_high: float | None = Field(None, ge=0, description="ratio clip above 1 (None: the "
+                                    "algorithm's default; grpo 0.28, DAPO clip-higher)")
+    kl_coef: float = Field(0.0, ge=0, description="weight of the KL to the initial (reference) "
+                           "model; 0 = off (no reference model is kept)")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="KL estimator per token, d = log p_ref - log p: k1 = -d, k2 = d^2/2, "
+        "k3 = exp(d) - d - 1 (Schulman 2020)")
+    kl_in: Literal["loss", "reward"] = Field(
+        "loss", description="'loss': kl_coef x KL added to the per-token loss; 'reward': "
+        "subtracted from the reward as a per-token penalty (return-to-go) before the loss")
+    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus: the loss minus "
+                                "entropy_coef x the per-token entropy of the policy")
+    dynamic_sampling: bool | None = Field(None, description="sample more prompts while groups "
+                                          "without signal leave the batch short (DAPO; None: "
+                                          "the algorithm's default)")
+    max_sample_rounds: int = Field(4, ge=1, description="with dynamic_sampling: sampling "
+                                   "rounds per step at most; after them the batch trains short")
+    overlong_filter: bool | None = Field(None, description="truncated samples (finish_reason "
+                                         "'length') carry no loss (DAPO; None: its default)")
+    overlong_buffer: int | None = Field(None, ge=0, description="soft overlong penalty: the "
+                                        "last this many tokens before rollout.max_new_tokens "
+                                        "are penalised linearly; 0 = off (None: the "
+                                        "algorithm's default; dapo: max_new_tokens // 5)")
+    overlong_penalty: float = Field(1.0, ge=0, description="soft overlong penalty at the "
+                                    "length limit (reward - this)")
+    is_correction: Literal["auto", "none", "tis", "mis"] = Field(
+        "auto", description="importance-sampling correction for the gap between the engine's "
+        "log-probs and the trainer's (staleness in async mode, numerics in any mode): "
+        "truncated (tis), masked (mis) or none; 'auto': tis with mode='async', none with "
+        "mode='sync' (algorithms/importance.py)")
+    is_level: Literal["token", "sequence"] = Field("token", description="ratio per token, or "
+                                                   "one ratio per sequence (product over tokens)")
+    is_cap: float = Field(2.0, ge=1.0, description="tis: weights are cut to this; mis: tokens "
+                          "(or sequences) with a weight above it get weight 0")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from traingym.algorithms import registry
+
+        registry.get(v)  # UnknownAlgorithm (a ValueError) names the choices
+        return v
+
+    @model_validator(mode="after")
+    def _kl(self) -> AlgorithmConfig:
+        if self.kl_coef == 0 and {"kl_estimator", "kl_in"} & self.model_fields_set:
+            raise ValueError("algorithm.kl_estimator and kl_in apply only with "
+                             "algorithm.kl_coef > 0")
+        if "max_sample_rounds" in self.model_fields_set and self.dynamic_sampling is False:
+            raise ValueError("algorithm.max_sample_rounds applies only with dynamic_sampling")
+        return self
