@@ -1,7 +1,6 @@
 """The run's trainer from its config: one process (TorchTrainer), or data-parallel ranks
 (DistributedTrainer) when `trainer.data_parallel > 1`; either applies the importance correction
-that `algorithm.is_correction` resolves to (algorithms/importance.py: ImportanceSpec) and the
-run's algorithm (`algorithm.name`, algorithms/registry.py)."""
+that `trainer.is_correction` resolves to (algorithms/importance.py: ImportanceSpec)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ def build_trainer(cfg: Config, model, pad_token_id: int):
         from traingym.trainer.distributed import DistributedTrainer
 
         return DistributedTrainer(model, cfg, pad_token_id)
-    from traingym.algorithms import registry
     from traingym.algorithms.importance import ImportanceSpec
     from traingym.trainer.torch_trainer import TorchTrainer
 
@@ -22,6 +20,11 @@ def build_trainer(cfg: Config, model, pad_token_id: int):
         from traingym.trainer.lora import LoraTrainer
 
         cls, extra = LoraTrainer, {"lora": cfg.lora}
+    if cfg.distill.teacher is not None:  # on-policy distillation (algorithms/distill.py)
+        from traingym.algorithms.distill import DistillTrainer, load_teacher
+
+        cls, extra = DistillTrainer, {
+            "teacher": load_teacher(cfg.distill.teacher, cfg.model.path, cfg.seed),
+            "coef": cfg.distill.coef, "reward_coef": cfg.distill.reward_coef}
     return cls(model, cfg.trainer, cfg.rollout.temperature, pad_token_id,
-                        importance=ImportanceSpec.from_config(cfg),
-                        algorithm=registry.build(cfg), **extra)
+                        importance=ImportanceSpec.from_config(cfg), **extra)

@@ -86,6 +86,9 @@ def check_extras(cfg) -> None:
     if cfg.distill.teacher is not None and (t.data_parallel > 1 or cfg.mode != "sync"):
         raise ValueError("distill.teacher runs with mode='sync' and trainer.data_parallel = 1 "
                          "(distillation with engine processes or ranks is not covered)")
+    if cfg.distill.teacher is not None and lora.rank > 0:
+        raise ValueError("distill.teacher with lora.rank > 0 is not covered: distil into the "
+                         "full model (lora.rank = 0)")
     if t.gradient_checkpointing and t.data_parallel > 1:
         raise ValueError("trainer.gradient_checkpointing runs in one trainer process: set "
                          "trainer.data_parallel = 1")
