@@ -1,6 +1,7 @@
 """The run's trainer from its config: one process (TorchTrainer), or data-parallel ranks
 (DistributedTrainer) when `trainer.data_parallel > 1`; either applies the importance correction
-that `trainer.is_correction` resolves to (algorithms/importance.py: ImportanceSpec)."""
+that `algorithm.is_correction` resolves to (algorithms/importance.py: ImportanceSpec) and the
+run's algorithm (`algorithm.name`, algorithms/registry.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ def build_trainer(cfg: Config, model, pad_token_id: int):
         from traingym.trainer.distributed import DistributedTrainer
 
         return DistributedTrainer(model, cfg, pad_token_id)
+    from traingym.algorithms import registry
     from traingym.algorithms.importance import ImportanceSpec
     from traingym.trainer.torch_trainer import TorchTrainer
 
@@ -27,4 +29,5 @@ def build_trainer(cfg: Config, model, pad_token_id: int):
             "teacher": load_teacher(cfg.distill.teacher, cfg.model.path, cfg.seed),
             "coef": cfg.distill.coef, "reward_coef": cfg.distill.reward_coef}
     return cls(model, cfg.trainer, cfg.rollout.temperature, pad_token_id,
-                        importance=ImportanceSpec.from_config(cfg), **extra)
+                        importance=ImportanceSpec.from_config(cfg),
+                        algorithm=registry.build(cfg), **extra)
