@@ -39,3 +39,15 @@ def test_a_better_teacher_lifts_an_untrained_student(tmp_path):
     assert d["delta"] > 0 and d["delta"] > 2 * d["se"], d  # pure distillation: no reward used
     # the student moved towards the teacher, not past it
     assert student.eval["after"]["sampled"]["mean"] <= teacher.eval["after"]["sampled"]["mean"] + 0.02
+
+
+def test_distillation_keeps_equal_reward_groups():
+    from traingym.algorithms import registry
+    from traingym.types import Group, Sample
+
+    cfg = traingym.build_config("tiny", overrides={"distill": {"teacher": "tiny"}})
+    same = Group([Sample((1, 2), [3], [-1.0], [0], {}, reward=0.5) for _ in range(4)], 0)
+    batch = registry.build(cfg).build_batch([same])
+    assert len(batch.groups) == 1 and batch.advantages_G == [[0.0] * 4]
+    plain = registry.build(traingym.build_config("tiny")).build_batch([same])
+    assert plain.groups == [] and plain.num_dropped_groups == 1

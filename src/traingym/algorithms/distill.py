@@ -19,10 +19,9 @@ traingym run (a `step_NNNNNN` folder, or a run directory: its newest committed c
 whose model.safetensors is loaded, verified, over `model.path`. It must share the student's
 tokenizer (same vocabulary size, checked).
 
-Which groups are trained: the batch the loop builds. The group-relative batch builder drops
-groups whose rewards are all equal; those groups still carry a distillation signal, so an
-algorithm seam that keeps them (algorithms/base.py: `drop_equal_groups = False`) gives the
-teacher every sample. Not covered: a teacher behind the engine seam (the seam returns the
+Every group is trained: with `distill.teacher` set, the run's algorithm (algorithms/
+registry.py `build`) keeps groups whose rewards are all equal (`keeping_all_groups`; their
+group advantage is 0), since they still carry the teacher's signal. Not covered: a teacher behind the engine seam (the seam returns the
 log-probs of the engine's own samples, not a score of given tokens, so a remote teacher needs
 a prompt-logprobs call the seam does not have yet), LoRA students with distillation,
 data-parallel ranks, async mode.
@@ -114,6 +113,11 @@ class DistillTrainer(TorchTrainer):
             stats["mismatch_kl_k3"] += float(((torch.expm1(d) - d) * mask).sum()) / total
         grad_norm = check_finite(self.clip_and_step())
         return {**stats, "grad_norm": grad_norm, "trained_tokens": total, "lr": self.cfg.lr}
+
+
+def keeping_all_groups(cls: type) -> type:
+    """`cls` (an algorithms/base.py Algorithm) with `drop_equal_groups = False`."""
+    return type(f"{cls.__name__}KeepingAllGroups", (cls,), {"drop_equal_groups": False})
 
 
 def distill_advantages(student_B_T, teacher_B_T, adv_B, mask_B_T, coef: float,

@@ -51,4 +51,9 @@ def get(name: str) -> type:
 
 def build(cfg):
     """The run's algorithm, its knobs resolved from `cfg.algorithm` and rollout.max_new_tokens."""
-    return get(cfg.algorithm.name).from_config(cfg)
+    cls = get(cfg.algorithm.name)
+    if cfg.distill.teacher is not None:  # the teacher scores every group (algorithms/distill.py)
+        from traingym.algorithms.distill import keeping_all_groups
+
+        cls = keeping_all_groups(cls)
+    return cls.from_config(cfg)
