@@ -71,6 +71,8 @@ def _config(args, run_dir: Path | None):
 
     extra = list(args.overrides)
     extra += [f"task.{k}={getattr(args, k)}" for k in ("reward", "env") if getattr(args, k)]
+    if args.engine:  # with the --set engine_options, validated together
+        extra.append(f"rollout.engine={args.engine}")
     if args.config is None and args.preset is None and not extra:
         return None
     if args.config is not None or args.preset is not None or run_dir is None:
@@ -95,7 +97,7 @@ def _eval(args) -> int:
     from traingym.eval_run import compare, evaluate, format_delta, format_scores
 
     out = Path(args.out or Path("evals") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}")
-    kw = dict(dataset=args.dataset, engine=args.engine, pass_k=_pass_k(args.pass_k),
+    kw = dict(dataset=args.dataset, pass_k=_pass_k(args.pass_k),
               pass_threshold=args.pass_threshold, seed=args.seed,
               allow_overlap=args.allow_overlap)
     if args.compare:
@@ -114,6 +116,7 @@ def _eval(args) -> int:
     s = res.summary
     print(f"{model} on {s['num_prompts']} prompts (engine {s['engine']}, seed {s['seed']}): "
           f"{format_scores({k: v.summary() for k, v in res.scores.items()})}")
+    print(f"weights: {s['weights']}")
     print(f"eval folder: {out}")
     return 0
 

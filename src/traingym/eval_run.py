@@ -36,7 +36,8 @@ from typing import Any
 
 from traingym.config import Config, ConfigError
 from traingym.eval_specs import (ModelSpec, build_engine_for, check_overlap, eval_rows,
-                                 make_factory, prompt_key, resolve_spec, run_config)
+                                 make_factory, prompt_key, resolve_spec, run_config,
+                                 weights_source)
 from traingym.evaluate import Score, collect, group_means, paired_difference, pass_at_k_score
 
 SUMMARY, SAMPLES, COMPARE = "summary.json", "samples.jsonl", "compare.json"
@@ -115,7 +116,8 @@ def evaluate(model: str | Path | ModelSpec = "embedded", *, config=None, dataset
     scores = {name: group_means(gs) for name, gs in groups.items()}
     scores.update({f"pass@{k}": pass_at_k_score(passed, k) for k in ks})
     summary = {
-        "model": spec.describe(), "engine": cfg.rollout.engine, "seed": seed,
+        "model": spec.describe(), "engine": cfg.rollout.engine,
+        "weights": weights_source(cfg, spec), "seed": seed,
         "num_prompts": len(rows), "samples_per_prompt": n, "temperature": cfg.rollout.temperature,
         "max_new_tokens": cfg.rollout.max_new_tokens, "pass_threshold": pass_threshold,
         "prompts_sha256": prompts_hash(rows), "overlap": overlap,

@@ -58,12 +58,26 @@ def run_config(run_dir: Path) -> Config:
 
 def run_config_data(run_dir: Path) -> dict:
     """The run's config.json (the resolved config, every field written out) less the fields
-    equal to the defaults, so they validate as unset, as the run had them."""
+    equal to the defaults, so they validate as unset, as the run had them. A run written
+    before a key moved (config.MOVED_KEYS) has the value read at its new place."""
     try:
         data = json.loads((run_dir / RUN_CONFIG).read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"{run_dir / RUN_CONFIG} is not valid JSON ({e.msg})") from None
-    return _non_default(data, Config().model_dump(mode="json"))
+    return _non_default(_moved(data), Config().model_dump(mode="json"))
+
+
+def _moved(data: dict) -> dict:
+    from traingym.config import MOVED_KEYS
+
+    data = json.loads(json.dumps(data))  # a copy
+    for old, new in MOVED_KEYS.items():
+        section, _, key = old.rpartition(".")
+        if isinstance(data.get(section), dict) and key in data[section]:
+            value = data[section].pop(key)
+            new_section, _, new_key = new.rpartition(".")
+            data.setdefault(new_section, {}).setdefault(new_key, value)
+    return data
 
 
 def _non_default(data: dict, default: dict) -> dict:
@@ -184,7 +198,9 @@ def check_overlap(rows: list[dict], spec: ModelSpec, allow: bool) -> dict:
 
 def build_engine_for(cfg: Config, spec: ModelSpec) -> tuple[Any, Any]:
     """(engine, tokenizer) for `spec` through the engine registry. An engine that takes no
-    weights (a read-only endpoint) gets no model (None) and cannot be given a checkpoint."""
+    weights (a read-only endpoint, e.g. rollout.engine='openai') gets no model (None): it
+    serves its own weights, and a checkpoint or run spec then names only the run's config,
+    tokenizer and training rows (`weights_source` says so in the eval summary)."""
     from traingym.models.loader import load_policy
     from traingym.rollout import registry
 
@@ -194,16 +210,21 @@ def build_engine_for(cfg: Config, spec: ModelSpec) -> tuple[Any, Any]:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if not cls.abilities.takes_weights:
-        if spec.checkpoint is not None:
-            raise ConfigError(f"rollout.engine={cfg.rollout.engine!r} serves its own weights; "
-                              f"checkpoint {spec.checkpoint} cannot be loaded into it: export "
-                              "the checkpoint, serve it, and point the engine at that server")
         tok = _tokenizer(cfg.model.path)
         return cls.from_config(cfg, None, tok, options), tok
     model, tok = load_policy(cfg.model.path, seed=cfg.seed)
     if spec.checkpoint is not None:
         load_weights(model, cfg, spec.checkpoint)
     return cls.from_config(cfg, model, tok, options), tok
+
+
+def weights_source(cfg: Config, spec: ModelSpec) -> str:
+    from traingym.rollout import registry
+
+    if not registry.get(cfg.rollout.engine).abilities.takes_weights:
+        return (f"the endpoint's own (rollout.engine={cfg.rollout.engine!r} takes no weights; "
+                f"{spec.text} gave the config, tokenizer and training rows only)")
+    return str(spec.checkpoint) if spec.checkpoint is not None else cfg.model.path
 
 
 def load_weights(model, cfg: Config, folder: Path) -> None:

@@ -122,3 +122,16 @@ def test_runs_table_and_errors(tiny_run, tmp_path, capsys):
     assert "no runs under" in capsys.readouterr().out
     with pytest.raises(FileNotFoundError, match="not a run directory"):
         traingym.open_run(tmp_path / "empty")
+
+
+def test_a_run_written_before_keys_moved_still_reads(copy_run):
+    # config.MOVED_KEYS: e.g. trainer.clip_low moved to algorithm.clip_low
+    from traingym.config import MOVED_KEYS
+
+    path = copy_run()
+    data = json.loads((path / "config.json").read_text())
+    new = MOVED_KEYS["trainer.clip_low"]
+    data.pop(new.split(".")[0], None)
+    data["trainer"]["clip_low"] = 0.31
+    (path / "config.json").write_text(json.dumps(data))
+    assert traingym.open_run(path).config.algorithm.clip_low == 0.31
