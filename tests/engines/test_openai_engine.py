@@ -407,3 +407,62 @@ def test_traingym_evaluate_runs_on_the_endpoint(server, setup):
     ref = [r["completion_ids"] for r in builtin.records if r["mode"] == "greedy"]
     assert sum(a == b for a, b in zip(greedy, ref)) >= 5
     assert abs(ep.scores["greedy"].mean - builtin.scores["greedy"].mean) <= 1 / 6 + 1e-9
+
+
+def test_traingym_serve_as_a_standard_endpoint_with_an_api_key(monkeypatch, tmp_path):
+    """dialect 'standard' (token strings mapped back to ids and checked against the text)
+    against `traingym serve`, a second real OpenAI-compatible server that needs no vLLM: the
+    same built-in engine answers behind it, so the ids must equal the built-in engine's, less
+    the end-of-turn token the server does not return."""
+    require("httpx", "the HTTP engines need httpx")
+    require("fastapi", "traingym serve needs the serve extra (the test extra installs it)")
+    import httpx
+
+    from traingym.envs.render import PromptRenderer
+    from traingym.envs.tasks import builtin_task
+    from traingym.models.embedded import embedded_model_dir
+    from traingym.models.loader import load_policy
+    from traingym.rollout.http import ServerRejected
+    from traingym.rollout.openai_engine import OpenAIEngine
+    from traingym.rollout.torch_engine import TorchEngine
+
+    model, tok = load_policy(str(embedded_model_dir()))
+    prompts = [PromptRenderer(tok, prefill="The answer is").ids(r)
+               for r in builtin_task("arith").heldout[:4]]
+    port, log = free_port(), tmp_path / "serve.log"
+    monkeypatch.setenv("TG_TEST_KEY", "k-123")
+    with open(log, "w") as f:
+        proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "traingym"), "serve", "embedded",
+                                 "--port", str(port), "--api-key-env", "TG_TEST_KEY",
+                                 "--served-model-name", "tg", "--set",
+                                 "model.engine_dtype=float32"],
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, log.read_text()[-2000:]
+            try:
+                if httpx.get(url + "/models", timeout=2).status_code in (200, 401):
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(1)
+        with pytest.raises(ServerRejected, match="HTTP 401"):  # no key sent
+            OpenAIEngine(OpenAIEngine.Options(base_url=url, dialect="standard"), tok)
+        eng = OpenAIEngine(OpenAIEngine.Options(base_url=url, dialect="standard",
+                                                api_key_env="TG_TEST_KEY"), tok)
+        assert eng.model == "tg"
+        eos = tok.eos_token_id
+        params = SamplingParams(0, max_new_tokens=12, stop_token_ids=(eos,))
+        got = run(eng, [GenerationRequest(p, 1, params) for p in prompts])
+        ref = TorchEngine(model, tok.pad_token_id, dtype=torch.float32).generate_sync(
+            [GenerationRequest(p, 1, params) for p in prompts])
+        for a, b in zip(got, ref):
+            want = b[0].token_ids[:-1] if b[0].finish_reason == "stop" else b[0].token_ids
+            assert a[0].token_ids == want and a[0].finish_reason == b[0].finish_reason
+            assert a[0].logprobs == pytest.approx(b[0].logprobs[: len(want)], abs=1e-4)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)

@@ -3,7 +3,13 @@ log-probs (vLLM, SGLang's OpenAI server, hosted endpoints): for evaluation, judg
 and baselines. It never takes weights (`update_weights` raises), so a training run refuses it.
 
 What it sends: one POST /v1/completions per request, with the prompt as token ids (the API's
-list-of-ints `prompt`), `n`, temperature (0: greedy), top_p, max_tokens, seed and `logprobs=1`.
+list-of-ints `prompt`), `n` (greedy: 1, repeated n times; vLLM refuses n > 1 when greedy),
+temperature (0: greedy), top_p, max_tokens, the request seed folded to 31 bits, and
+`logprobs=max(1, params.top_logprobs)` (top log-probs come back as (id, log-prob) pairs, most
+likely first). The key, if any, is read from the environment variable `api_key_env` names and
+sent as `Authorization: Bearer`. At most `max_concurrency` requests are in flight (per event
+loop); connection failures and 5xx answers are retried with backoff, 4xx never
+(rollout/http.py).
 `dialect` says what else the server takes:
 - "vllm" (default): also top_k, stop_token_ids, ignore_eos=true (only the request's stop
   tokens end a completion, as in every traingym engine), neutral repetition/min_p values (so a

@@ -173,7 +173,7 @@ class SGLangEngine:
                                max_concurrency=options.max_concurrency)
         if options.url is None:
             self._launch(seed)
-        self._readback(state)
+        self._readback(state, self.config_dir)
 
     # -- server ---------------------------------------------------------------------------
 
@@ -195,6 +195,8 @@ class SGLangEngine:
         save_file(out, str(folder / "model.safetensors"))
         if model is not None:
             model.config.save_pretrained(folder)
+            if getattr(model, "generation_config", None) is not None:
+                model.generation_config.save_pretrained(folder)  # SGLang reads its eos ids
             if tokenizer is not None:
                 tokenizer.save_pretrained(folder)
         else:
@@ -265,7 +267,7 @@ class SGLangEngine:
         if not body.get("success", False):
             raise RuntimeError(f"sglang engine: the server did not load version {version} from "
                                f"{folder}: {body.get('message')}")
-        self._readback(state)
+        self._readback(state, folder)
         t3 = time.perf_counter()
         if self.current != self.config_dir:
             shutil.rmtree(self.current, ignore_errors=True)
@@ -274,20 +276,27 @@ class SGLangEngine:
                                   "readback_s": t3 - t2, "bytes": sum(
                                       t.numel() * t.element_size() for t in state.values())})
 
-    def _readback(self, state: dict[str, torch.Tensor]) -> None:
+    def _readback(self, state: dict[str, torch.Tensor], folder: Path) -> None:
         """Compare the leading rows of `verify_readback` tensors the server holds with `state`
-        (the first and last names in sorted order, then the next ones)."""
-        names = sorted(state)
-        pick = (names[:1] + names[-1:] + names[1:-1])[: self.options.verify_readback]
-        for name in dict.fromkeys(pick):
+        (the input embedding first, then the last name in sorted order, then the others;
+        names under which a tied tensor is only an alias, such as lm_head, are not asked)."""
+        alias = {n for g in self.aliases for n in g[:-1]} - {n for g in self.aliases
+                                                             for n in g if "embed" in n}
+        names = [n for n in sorted(state) if n not in alias]
+        embed = [n for n in names + [n for g in self.aliases for n in g] if "embed_tokens" in n]
+        pick = list(dict.fromkeys(embed[:1] + names[-1:] + names))[: self.options.verify_readback]
+        for name in pick:
             got = self.http.request_sync("POST", "/get_weights_by_name",
                                          {"name": name, "truncate_size": 4})
             got_t = torch.tensor(got, dtype=torch.float32).flatten()
-            want = state[name][:4].float().flatten()
+            src = state.get(name)
+            if src is None:  # a tied name the wire sent under another name
+                src = state[next(n for g in self.aliases if name in g for n in g if n in state)]
+            want = src[:4].float().flatten()
             n = min(got_t.numel(), want.numel())
             if n == 0 or not torch.equal(got_t[:n], want[:n]):
                 raise RuntimeError(f"sglang engine: the server's {name} does not hold the "
-                                   f"weights written to {self.current} (read back "
+                                   f"weights written to {folder} (read back "
                                    f"{got_t[:4].tolist()}, wrote {want[:4].tolist()}); set "
                                    "engine_options.verify_readback=0 only if the server "
                                    "renames tensors")
