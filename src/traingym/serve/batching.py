@@ -6,6 +6,13 @@ together. The built-in engine decodes all requests of a call that share sampling
 one batch (rows up to `rollout.max_batch_rows`); requests with other parameters run after them
 in the same call. Calls run one at a time: an engine is not assumed to take concurrent calls.
 
+Requests whose sampling parameters differ only in max_tokens are decoded together: each is
+sent with the longest max_tokens among them and its completion cut back to its own (tokens,
+log-probs, top log-probs, versions; finish_reason 'length' where cut). The cut is exact: a
+completion's first k tokens do not depend on how many more are decoded (greedy; and sampled
+draws come from each sample's own seeded generator, one draw per step: rollout/base.py), at
+the cost of decode steps for the shorter ones.
+
 A call that raises is retried request by request, so one request the engine cannot serve fails
 alone, with its own error, and the others are answered. A request whose client went away is
 still decoded (its rows are already in the batch) and its result dropped.
@@ -18,6 +25,7 @@ order.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 from traingym.types import Completion, GenerationRequest
@@ -61,7 +69,7 @@ class Batcher:
         self.stats["requests"] += len(batch)
         self.stats["max_requests_per_call"] = max(self.stats["max_requests_per_call"], len(batch))
         try:
-            results = await self.engine.generate([r for r, _ in batch])
+            results = await self.engine.generate(merge_lengths([r for r, _ in batch]))
         except Exception as e:
             self.stats["failed_calls"] += 1
             if len(batch) == 1:
@@ -72,8 +80,8 @@ class Batcher:
             return
         finally:
             self.stats["engine_seconds"] += time.perf_counter() - t0
-        for (_, fut), comps in zip(batch, results):
-            _settle(fut, comps)
+        for (r, fut), comps in zip(batch, results):
+            _settle(fut, [cut(c, r.params.max_new_tokens) for c in comps])
 
     async def close(self) -> None:
         """Answer everything queued, then stop."""
@@ -90,3 +98,26 @@ def _settle(fut: asyncio.Future, result=None, error: Exception | None = None) ->
         fut.set_exception(error)
     else:
         fut.set_result(result)
+
+
+def merge_lengths(requests: list[GenerationRequest]) -> list[GenerationRequest]:
+    """Each request with the longest max_new_tokens among those whose other sampling
+    parameters equal its own, so the engine decodes them as one batch."""
+    longest: dict = {}
+    for r in requests:
+        key = dataclasses.replace(r.params, max_new_tokens=0)
+        longest[key] = max(longest.get(key, 0), r.params.max_new_tokens)
+    return [dataclasses.replace(r, params=dataclasses.replace(
+        r.params, max_new_tokens=longest[dataclasses.replace(r.params, max_new_tokens=0)]))
+        for r in requests]
+
+
+def cut(c: Completion, n: int) -> Completion:
+    """`c` cut back to its first `n` tokens (finish_reason 'length' where anything was cut)."""
+    if len(c.token_ids) <= n:
+        return c
+    versions = c.token_versions[:n] if c.token_versions else None
+    return dataclasses.replace(
+        c, token_ids=c.token_ids[:n], logprobs=c.logprobs[:n], finish_reason="length",
+        token_versions=versions if versions and versions[0] != versions[-1] else None,
+        top_logprobs=c.top_logprobs[:n] if c.top_logprobs is not None else None)
