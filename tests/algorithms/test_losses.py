@@ -76,7 +76,7 @@ def test_gspo_sequence_ratio_clip_and_length_normalisation():
     (loss * w).sum().backward()
     s0, s1 = math.exp(0.05), math.exp(0.3)
     assert loss[0, :2].tolist() == pytest.approx([-s0, -s0])
-    assert loss[1].tolist() == pytest.approx([-1.1] * 3)
+    assert s1 > 1.1 and loss[1].tolist() == pytest.approx([-1.1] * 3)  # cut to 1 + high
     assert clipped.tolist() == [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
     _close(w, [[0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
     # gradient of s0 x A per token, weighted by 1/len: s0 / 2; clipped row: none
