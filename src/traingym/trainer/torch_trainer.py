@@ -5,7 +5,7 @@ own log-probs detached, so the ratio is 1 in value and the clip only matters for
 off-policy data. The engine's log-probs of the same tokens differ from the trainer's: in
 disaggregated mode (async_loop.py) the samples come from an older policy, and in any mode the
 engine's numerics differ (bf16, fused kernels, vLLM). `importance` (an ImportanceSpec from
-`trainer.is_correction` / `is_level` / `is_cap`; 'auto': tis in async mode, none in sync mode)
+`algorithm.is_correction` / `is_level` / `is_cap`; 'auto': tis in async mode, none in sync mode)
 then weights each policy token's policy-gradient term by the importance ratio of the trainer's
 and the engine's log-probs, truncated or masked (algorithms/importance.py); its stats are
 `is_weight_mean`, `is_zero_frac` and `is_capped_frac` (fraction of policy tokens whose ratio
