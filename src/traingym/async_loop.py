@@ -45,6 +45,10 @@ its oldest token.
 SIGTERM stops an async run as a sync one (preempt.py): after the step's record, a checkpoint
 with the ledger, engines closed; `--resume` then goes on as above (none lost, none twice).
 
+The step itself (batch through the run's algorithm, train, publish, checkpoint, record) is
+step.py's, shared with the sync loop; DAPO's dynamic sampling asks `_take_fresh` for more
+groups, and the admission limit grows by as many (`Feed.extra`).
+
 Not covered: reproducibility (what arrives when
 depends on timing, so async runs, resumed or not, are not bitwise repeatable). `cluster.type='ray'` puts the engines on a Ray cluster (cluster/ray.py); the
 trainer stays in this process.
