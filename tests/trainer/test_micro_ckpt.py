@@ -79,3 +79,12 @@ def test_gradient_checkpointing_gives_the_same_loss_and_grads():
     for a, b in zip(plain, ckpt):
         assert torch.allclose(a, b, rtol=1e-5, atol=2e-6), (a - b).abs().max()
     assert any(float(g.abs().sum()) > 0 for g in ckpt)
+
+
+def test_checkpointing_is_on_in_the_layers():
+    tok = tiny_tokenizer()
+    model = tiny_model(tok)
+    trainer = TorchTrainer(model, TrainerConfig(gradient_checkpointing=True,
+                                                bf16_autocast=False), 1.0, tok.pad_token_id)
+    assert all(layer.gradient_checkpointing for layer in model.model.layers)
+    assert trainer.logprobs.__name__ == "sequence_logprobs"

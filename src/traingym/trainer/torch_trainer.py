@@ -77,7 +77,9 @@ class TorchTrainer:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.logprobs = completion_logprobs  # the shared-prompt path (trainer/logprobs.py)
         if cfg.gradient_checkpointing:  # HF drops the KV cache then: full rows (micro.py)
-            model.gradient_checkpointing_enable({"use_reentrant": False})
+            enable = (getattr(model, "activation_checkpointing_enable", None)  # transformers 5.2x
+                      or model.gradient_checkpointing_enable)
+            enable({"use_reentrant": False})
             self.logprobs = sequence_logprobs
         self.forward_model = wrap(model) if wrap is not None else model
         self.optimizer = make_optimizer(model, cfg)
