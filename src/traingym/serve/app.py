@@ -131,9 +131,14 @@ def build_app(served, limits: Limits = Limits(), api_key: str | None = None):
     async def generate(ids, req, params):
         seed = req.seed if req.seed is not None else random.getrandbits(31)
         try:
-            return await batcher.submit(GenerationRequest(tuple(ids), req.n, params, seed))
+            comps = await batcher.submit(GenerationRequest(tuple(ids), req.n, params, seed))
         except RuntimeError as e:
             raise ApiError(503, str(e), "shutting_down", type_="server_error") from None
+        if params.top_logprobs and any(c.top_logprobs is None for c in comps):
+            raise ApiError(400, f"this server's engine ({type(served.engine).__name__}) does not "
+                           "return top log-probs; ask without top_logprobs", "unsupported_parameter",
+                           "top_logprobs")
+        return comps
 
     def stream(chunks, release):
         async def body():
