@@ -89,7 +89,12 @@ def main(args) -> int:
             from None
     from traingym.serve.loading import load
 
-    served = load(args.model, args.overrides, args.served_model_name)
+    from traingym.checkpoint import CheckpointError
+
+    try:
+        served = load(args.model, args.overrides, args.served_model_name)
+    except CheckpointError as e:  # unfinished or altered: one line, exit 2, as a bad input
+        raise ConfigError(f"cannot serve {args.model}: {e}") from None
     if args.max_context is not None:
         served.context_len = args.max_context
     limits = Limits(args.max_body_bytes, args.max_tokens, args.max_prompt_tokens,
