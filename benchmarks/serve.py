@@ -39,8 +39,8 @@ def percentile(xs: list[float], q: float) -> float:
 def requests(n: int, model: str) -> list[dict]:
     ops = ["+", "-", "*"]
     return [{"model": model, "temperature": 0, "max_tokens": 16 + (i * 7) % 17,
-             "messages": [{"role": "user", "content":
-                           f"What is {3 + i % 7} {ops[i % 3]} {2 + (i * 5) % 9}? Explain briefly."}]}
+             "messages": [{"role": "user", "content": f"What is {3 + i % 7} {ops[i % 3]} "
+                                                      f"{2 + (i * 5) % 9}? Explain briefly."}]}
             for i in range(n)]
 
 

@@ -136,8 +136,8 @@ def build_app(served, limits: Limits = Limits(), api_key: str | None = None):
             raise ApiError(503, str(e), "shutting_down", type_="server_error") from None
         if params.top_logprobs and any(c.top_logprobs is None for c in comps):
             raise ApiError(400, f"this server's engine ({type(served.engine).__name__}) does not "
-                           "return top log-probs; ask without top_logprobs", "unsupported_parameter",
-                           "top_logprobs")
+                           "return top log-probs; ask without top_logprobs",
+                           "unsupported_parameter", "top_logprobs")
         return comps
 
     def stream(chunks, release):

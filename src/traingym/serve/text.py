@@ -38,7 +38,8 @@ def _content(m: dict, i: int) -> str | None:
     if isinstance(c, list):
         parts = []
         for p in c:
-            if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+            text = p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None
+            if not isinstance(text, str):
                 raise _bad(f"messages[{i}].content: only text parts ({{'type': 'text', 'text': "
                            "...}}) are supported")
             parts.append(p["text"])
