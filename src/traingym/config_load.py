@@ -126,8 +126,8 @@ def build_config(preset: str = "default", file: str | Path | None = None,
 
 
 def _unknown_key(loc: str, value: Any) -> str:
-    """'unknown key ...' with the closest valid key: a sibling in the same section first, then
-    the same name in another section, else the section's valid keys (never all of them)."""
+    """'unknown key ...' with the closest valid key: the same name in another section first,
+    then a near sibling in the same section, else the section's valid keys (never all)."""
     if loc in MOVED_KEYS:
         return (f"{loc!r} has moved to {MOVED_KEYS[loc]!r} (the algorithm section owns the "
                 f"algorithm's knobs); set {MOVED_KEYS[loc]!r} instead")
@@ -136,12 +136,14 @@ def _unknown_key(loc: str, value: Any) -> str:
     parent, _, leaf = loc.rpartition(".")
     what = "section" if isinstance(value, dict) else "key"
     siblings = sorted(n.rpartition(".")[2] for n in names if n.rpartition(".")[0] == parent)
+    # the exact name in another section beats a near one here ('lr' -> trainer.lr); of several,
+    # the first in the schema's order (trainer.lr before the optional sft.lr)
+    elsewhere = [k for k in keys if k.rpartition(".")[2] == leaf and k != loc]
+    if elsewhere:
+        return f"unknown {what} {loc!r}; did you mean {elsewhere[0]!r}?"
     match = closest(leaf, siblings)
     if match:
         return f"unknown {what} {loc!r}; did you mean {(parent + '.' if parent else '') + match!r}?"
-    elsewhere = sorted(n for n in names if n.rpartition(".")[2] == leaf)
-    if elsewhere:
-        return f"unknown {what} {loc!r}; did you mean {elsewhere[0]!r}?"
     where = f"in '{parent}'" if parent else "at the top level"
     return f"unknown {what} {loc!r}; valid keys {where}: {', '.join(siblings)}"
 
