@@ -93,3 +93,22 @@ def test_batch_order_is_seeded_and_covers_each_epoch():
     first = [i for k in range(6) for i in batch_rows(36, 0, k, 6)]
     assert sorted(first) == list(range(36))
     assert batch_rows(36, 0, 2, 6) == batch_rows(36, 0, 2, 6)
+
+
+def test_chats_from_a_datasets_folder_and_bad_rows(tmp_path):
+    import pytest
+
+    datasets = pytest.importorskip("datasets")
+    from traingym.envs.datasets import DatasetError
+    from traingym.trainer.sft import load_chats
+
+    msgs = [{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "2"}]
+    datasets.Dataset.from_list([{"messages": msgs}] * 3).save_to_disk(str(tmp_path / "ds"))
+    assert load_chats(str(tmp_path / "ds")) == [msgs] * 3
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    with pytest.raises(DatasetError, match="row 1 has no assistant message"):
+        load_chats(str(bad))
+    bad.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    with pytest.raises(DatasetError, match="row 1 needs 'messages'"):
+        load_chats(str(bad))
