@@ -42,6 +42,7 @@ CASES = {
     "llama-untied-llama3-rope": ("llama", False, {"rope_parameters": LLAMA3_ROPE}),
     "llama-linear-rope": ("llama", True, {"rope_parameters": {
         "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}),
+    "llama-biases": ("llama", False, {"attention_bias": True, "mlp_bias": True}),
     "mistral-window": ("mistral", False, {"sliding_window": 5}),
     "qwen2": ("qwen2", True, {}),
     "qwen2-untied-window": ("qwen2", False, {"use_sliding_window": True, "sliding_window": 4,
