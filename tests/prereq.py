@@ -73,3 +73,15 @@ def require_sandbox(backend: str, limits: Limits | None = None) -> None:
     if problem is not None:
         missing(f"the {backend} sandbox backend is unavailable here: {problem}",
                 ci_must_run=backend == DEFAULT_BACKEND)
+
+
+def require_vllm_venv() -> str:
+    """The vLLM venv's interpreter (rollout/vllm_engine.default_python); if it is absent,
+    `missing` with the command that makes it."""
+    from traingym.rollout.vllm_engine import default_python
+
+    python = default_python()
+    if not python.is_file():
+        missing(f"the vLLM venv is absent ({python}): run `bash scripts/setup_vllm.sh` "
+                "(or set TRAINGYM_VLLM_PYTHON)")
+    return str(python)

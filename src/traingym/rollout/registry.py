@@ -24,6 +24,7 @@ from traingym.rollout.base import EngineAbilities, RolloutEngine  # noqa: F401 (
 
 ENGINES: dict[str, str] = {
     "torch": "traingym.rollout.torch_engine:TorchEngine",
+    "vllm": "traingym.rollout.vllm_engine:VLLMEngine",
     "openai": "traingym.rollout.openai_engine:OpenAIEngine",
     "sglang": "traingym.rollout.sglang_engine:SGLangEngine",
 }

@@ -1,0 +1,184 @@
+"""The vLLM side of traingym's vLLM engine: a standalone program, run by the vLLM venv's python.
+
+    <.venv-vllm/bin/python> vllm_worker.py --model DIR --fd-in R --fd-out W [--dtype ...]
+
+It imports only the stdlib, vllm, torch and safetensors (traingym is not installed in that
+venv; rollout/vllm_engine.py starts it). It owns one `vllm.LLM` (engine core in this process,
+`VLLM_ENABLE_V1_MULTIPROCESSING=0`, so there is one process to watch and to kill) and answers
+JSON messages, one per line, on the pipe `--fd-in` with one reply line each on `--fd-out`.
+vLLM's own logging goes to stdout/stderr (the engine sends them to a log file), so it cannot
+corrupt the channel.
+
+Requests ({"op": ...}):
+- generate {"requests": [{prompt_ids, n, temperature, top_p, top_k, max_tokens,
+  stop_token_ids, seed}]} -> {"outputs": [[{token_ids, logprobs, finish_reason}] * n]}
+- reload {"path": DIR} -> reload the weights in place from DIR's safetensors files
+- health -> {"pid", "served"}; shutdown -> reply, then exit.
+Every reply has "ok"; a failure is {"ok": false, "error": "<type>: <message>"} and the worker
+keeps serving. On start it sends {"ok": true, "ready": true, "pre_cut_logprobs": bool}.
+
+Log-probs: the LLM is built with `logprobs_mode="processed_logprobs"`: vLLM then returns
+log_softmax of the logits after temperature (greedy: the raw logits) and after top-k/top-p
+(v1/sample/sampler.py, ops/topk_topp_sampler.py). traingym's contract is the log-prob BEFORE
+the top-k/top-p cut, so a worker extension (`PreCutLogprobs`) wraps the sampler's top-k/top-p
+step to return log_softmax(logits / T) taken before the cut. Without a cut both are the same.
+Where the extension cannot install (another model runner), `pre_cut_logprobs` is false and the
+engine refuses requests that cut.
+
+The worker exits when its parent dies (it polls its parent pid) or its command pipe closes.
+Not covered: stop strings, LoRA, tensor parallelism (one LLM per worker), streaming.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, this file's folder (traingym/rollout) would come first on sys.path and its
+# modules would shadow the stdlib's and vLLM's (rollout/http.py would hide `http`): put it last,
+# where only `vllm_worker` itself (vLLM's worker_extension_cls) is looked up from it.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if sys.path and os.path.abspath(sys.path[0] or ".") == _HERE:
+    sys.path.append(sys.path.pop(0))
+
+import argparse  # noqa: E402
+import faulthandler  # noqa: E402
+import json  # noqa: E402
+import signal  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+
+
+class PreCutLogprobs:
+    """vLLM worker extension (`worker_extension_cls`): methods here run inside vLLM's worker
+    through `LLM.collective_rpc`."""
+
+    def traingym_pre_cut_logprobs(self) -> bool:
+        """Make the sampler report log_softmax(logits / T) before top-k/top-p."""
+        import torch
+
+        runner = getattr(self, "model_runner", None)
+        sampler = getattr(runner, "sampler", None)
+        tks = getattr(sampler, "topk_topp_sampler", None)
+        if tks is None or getattr(sampler, "logprobs_mode", None) != "processed_logprobs":
+            return False
+        if getattr(tks, "_traingym_pre_cut", False):
+            return True
+        inner = tks.forward  # the platform's implementation, chosen in its __init__
+
+        def forward(logits, generators, k, p):
+            pre = None if k is None and p is None else logits.log_softmax(-1, dtype=torch.float32)
+            sampled, processed = inner(logits, generators, k, p)  # may cut `logits` in place
+            return sampled, processed if pre is None else pre
+
+        tks.forward = forward
+        tks._traingym_pre_cut = True
+        return True
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        if os.getppid() != parent:
+            os._exit(3)  # the engine's process died: nobody can read our answers
+        time.sleep(0.5)
+
+
+def _sampling(r: dict, vllm):
+    greedy = r["temperature"] == 0
+    return vllm.SamplingParams(
+        n=1 if greedy else r["n"], temperature=r["temperature"],
+        top_p=1.0 if greedy else r["top_p"], top_k=0 if greedy else r["top_k"],
+        max_tokens=r["max_tokens"],
+        stop_token_ids=list(r["stop_token_ids"]), ignore_eos=True, seed=r["seed"],
+        logprobs=0, detokenize=False, skip_special_tokens=False)
+
+
+def generate(llm, vllm, requests: list[dict]) -> list[list[dict]]:
+    prompts = [{"prompt_token_ids": list(r["prompt_ids"])} for r in requests]
+    params = [_sampling(r, vllm) for r in requests]
+    results = llm.generate(prompts, params, use_tqdm=False)
+    out = []
+    for r, result in zip(requests, results):
+        comps = []
+        for c in sorted(result.outputs, key=lambda c: c.index):
+            ids = list(c.token_ids)
+            lps = [float(c.logprobs[i][t].logprob) for i, t in enumerate(ids)]
+            comps.append({"token_ids": ids, "logprobs": lps,
+                          "finish_reason": "stop" if c.finish_reason == "stop" else "length"})
+        if r["temperature"] == 0:  # vLLM takes n=1 only for greedy; the n copies are equal
+            comps = comps * r["n"]
+        out.append(comps)
+    return out
+
+
+def serve(llm, vllm, fin, fout, served: str) -> None:
+    def reply(msg: dict) -> None:
+        fout.write(json.dumps(msg) + "\n")
+        fout.flush()
+
+    for line in fin:
+        msg = json.loads(line)
+        op = msg.get("op")
+        try:
+            if op == "generate":
+                reply({"ok": True, "outputs": generate(llm, vllm, msg["requests"])})
+            elif op == "reload":
+                t0 = time.perf_counter()
+                llm.collective_rpc("reload_weights", kwargs={"weights_path": msg["path"]})
+                served = msg["path"]
+                reply({"ok": True, "seconds": time.perf_counter() - t0})
+            elif op == "health":
+                reply({"ok": True, "pid": os.getpid(), "served": served})
+            elif op == "shutdown":
+                reply({"ok": True})
+                return
+            else:
+                reply({"ok": False, "error": f"ValueError: unknown op {op!r}"})
+        except Exception as e:  # one failed request must not take the engine down
+            traceback.print_exc()
+            reply({"ok": False, "error": f"{type(e).__name__}: {e}"})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--fd-in", type=int, required=True)
+    ap.add_argument("--fd-out", type=int, required=True)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--max-model-len", type=int, default=512)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    ap.add_argument("--kv-cache-bytes", type=int, default=None,
+                    help="KV cache size; set, it replaces --gpu-memory-utilization")
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>`: every thread's stack, to the log
+    fin = os.fdopen(args.fd_in, "r", encoding="utf-8")
+    fout = os.fdopen(args.fd_out, "w", encoding="utf-8")
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import vllm
+
+    llm = vllm.LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+                   gpu_memory_utilization=args.gpu_memory_utilization,
+                   kv_cache_memory_bytes=args.kv_cache_bytes,
+                   enforce_eager=args.enforce_eager, seed=args.seed,
+                   logprobs_mode="processed_logprobs", generation_config="vllm",
+                   skip_tokenizer_init=True, max_logprobs=1,
+                   worker_extension_cls="vllm_worker.PreCutLogprobs")
+    pre_cut = all(llm.collective_rpc("traingym_pre_cut_logprobs"))
+    # One token now, so a model vLLM cannot run here (an attention head size its CPU kernels
+    # lack) fails at start, not at the first rollout; it also pays vLLM's first-call warm-up.
+    generate(llm, vllm, [{"prompt_ids": [0, 1], "n": 1, "temperature": 1.0, "top_p": 0.9,
+                          "top_k": 5, "max_tokens": 2, "stop_token_ids": [], "seed": 0}])
+    fout.write(json.dumps({"ok": True, "ready": True, "pre_cut_logprobs": pre_cut,
+                           "vllm": vllm.__version__}) + "\n")
+    fout.flush()
+    serve(llm, vllm, fin, fout, args.model)
+    fout.close()
+    os._exit(0)  # skip vLLM's atexit teardown: the process owns nothing else
+
+
+if __name__ == "__main__":
+    main()
