@@ -2,11 +2,11 @@
 
 Times the old Llama-only module (rollout/fused_llama.py read from git at --baseline, default
 bf9721c, the last commit that had it) against rollout/fused_decoder.py on the same model and
-the same inputs: one prefill, then --steps decode steps of --rows rows, in alternating
-rounds (A B A B ...) so that load on this shared machine hits both alike. Reports the median
-seconds per decode step of each and new/old (and of the fastest round of each: on a loaded
-machine the least disturbed round is closest to the code's own cost); checks both give the
-same logits.
+the same inputs: one prefill, then --steps decode steps of --rows rows, in rounds that run
+both back to back (old then new, then new then old, ...) so that load on this shared machine
+hits both alike. Reports the median seconds per decode step of each, new/old of the medians,
+of the fastest rounds (on a loaded machine the least disturbed round is closest to the
+code's own cost) and the median of the per-round ratios; checks both give the same logits.
 
     .venv/bin/python benchmarks/fused_decode_families.py            # embedded SmolLM2-135M
     .venv/bin/python benchmarks/fused_decode_families.py --model tiny
@@ -82,10 +82,11 @@ def main() -> None:
     last = {}
     run(impls["old"], ids, mask, pos, 2)  # warm-up
     run(impls["new"], ids, mask, pos, 2)
-    for _ in range(args.rounds):
-        for name, fused in impls.items():
-            s, last[name] = run(fused, ids, mask, pos, args.steps)
+    for i in range(args.rounds):  # A B, then B A: neither always runs first
+        for name in (["old", "new"] if i % 2 == 0 else ["new", "old"]):
+            s, last[name] = run(impls[name], ids, mask, pos, args.steps)
             times[name].append(s)
+    paired = [n / o for n, o in zip(times["new"], times["old"])]
     med = {k: statistics.median(v) for k, v in times.items()}
     best = {k: min(v) for k, v in times.items()}  # the least disturbed round of each
     result = {
@@ -96,6 +97,8 @@ def main() -> None:
         "seconds_per_step": times, "median_s_per_step": med,
         "new_over_old": med["new"] / med["old"],
         "min_s_per_step": best, "new_over_old_min": best["new"] / best["old"],
+        "new_over_old_per_round": paired,
+        "new_over_old_paired_median": statistics.median(paired),
         "max_abs_logit_diff": (last["new"] - last["old"]).abs().max().item(),
         "load_avg": os.getloadavg(), "python": sys.version.split()[0],
         "torch": torch.__version__,
@@ -106,7 +109,8 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"{args.model}: old {med['old'] * 1e3:.2f} ms/step, new {med['new'] * 1e3:.2f} "
           f"ms/step, new/old {result['new_over_old']:.3f} (fastest rounds: "
-          f"{result['new_over_old_min']:.3f}), max |logit diff| "
+          f"{result['new_over_old_min']:.3f}, median per-round ratio: "
+          f"{result['new_over_old_paired_median']:.3f}), max |logit diff| "
           f"{result['max_abs_logit_diff']:.1e} -> {args.out}")
 
 

@@ -28,6 +28,7 @@ longrope), bidirectional attention (`use_bidirectional_attention`).
 
 Numerics: fp32 logits match HF's forward to ~1e-5; in bf16 the two round differently (HF's
 eager/SDPA kernels vs these matmuls), tests/models/test_families.py states the tolerances.
+The cache and masks are made on the weights' device; only CPU is tested.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def _cat_bias(*linears) -> torch.Tensor | None:
     biases = [m.bias for m in linears]
     if all(b is None for b in biases):
         return None
-    return torch.cat([b if b is not None else torch.zeros(m.out_features, dtype=m.weight.dtype)
+    return torch.cat([b if b is not None else m.weight.new_zeros(m.out_features)
                       for b, m in zip(biases, linears)])
 
 
@@ -219,7 +220,8 @@ class FusedDecoder:
         slots q-W+1..q (HF: kv_idx > q_idx - sliding_window)."""
         masks = {None: full}
         for w in self.window_sizes:
-            dist_T_S = torch.arange(start, start + T)[:, None] - torch.arange(S)[None, :]
+            dist_T_S = (torch.arange(start, start + T, device=full.device)[:, None]
+                        - torch.arange(S, device=full.device)[None, :])
             masks[w] = full & (dist_T_S < w)
         return masks
 
@@ -227,13 +229,14 @@ class FusedDecoder:
     def prefill(self, ids_B_T, mask_B_T, pos_B_T, capacity: int):
         """Run prompts (left-padded); return last-position logits and a cache of `capacity`."""
         B, T = ids_B_T.shape
-        dtype = self.embed.dtype
-        cache = [(torch.zeros(B, self.n_kv, capacity, self.head_dim, dtype=dtype),
-                  torch.zeros(B, self.n_kv, capacity, self.head_dim, dtype=dtype))
+        kw = {"dtype": self.embed.dtype, "device": self.embed.device}
+        cache = [(torch.zeros(B, self.n_kv, capacity, self.head_dim, **kw),
+                  torch.zeros(B, self.n_kv, capacity, self.head_dim, **kw))
                  for _ in self.layers]
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        dev = ids_B_T.device
+        causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
         attn_mask = causal[None, None] & mask_B_T.bool()[:, None, None, :]
-        attn_mask = attn_mask | torch.eye(T, dtype=torch.bool)[None, None]  # pad rows: no NaN
+        attn_mask = attn_mask | torch.eye(T, dtype=torch.bool, device=dev)[None, None]  # no NaN
         h = self._layers(self._embed(ids_B_T), pos_B_T, cache, 0,
                          self._masks(attn_mask, 0, T, T))
         return self._logits(h[:, -1]), cache
