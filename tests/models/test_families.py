@@ -52,7 +52,10 @@ CASES = {
     "gemma": ("gemma", True, {"head_dim": 16}),
     "gemma2": ("gemma2", True, {**GEMMA_SOFT, "attn_logit_softcapping": 5.0,
                                 "final_logit_softcapping": 3.0}),
-    "gemma3": ("gemma3_text", True, {**GEMMA_SOFT, "layer_types": [
+    # Gemma 3: transformers ignores attn_logit_softcapping (set here to check that the fused
+    # path ignores it too) and applies final_logit_softcapping
+    "gemma3": ("gemma3_text", True, {**GEMMA_SOFT, "attn_logit_softcapping": 5.0,
+                                     "final_logit_softcapping": 3.0, "layer_types": [
         "sliding_attention", "full_attention"], "rope_parameters": {
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}}}),

@@ -12,8 +12,9 @@ engine's fused decode (rollout/fused_decoder.py) and by the model presets (model
 | gemma   | gemma       | GeGLU (gelu tanh) MLP, embeddings x sqrt(hidden), RMSNorm x (1 + w)   |
 | gemma2  | gemma2      | gemma + sandwich norms, query_pre_attn_scalar, attention and final   |
 |         |             | logit soft-capping, sliding / global layers alternating              |
-| gemma3  | gemma3_text | gemma2 without attention soft-capping + Gemma-style q/k norms and a   |
-|         |             | separate RoPE per layer type (local / global)                        |
+| gemma3  | gemma3_text | gemma2 without attention soft-capping (transformers ignores         |
+|         |             | attn_logit_softcapping there) + Gemma-style q/k norms and a separate |
+|         |             | RoPE per layer type (local / global)                                 |
 
 Chat formats (`CHAT_TEMPLATES`, Jinja, written here from each family's published format for
 text-only turns: no tool calls, no images). Each renders an assistant message's content
@@ -51,6 +52,8 @@ class Family:
     sliding: Literal["none", "all", "layer_types"]  # where config.sliding_window applies
     tied_default: bool  # tie_word_embeddings when config.json does not say
     chat_template: str  # a key of CHAT_TEMPLATES
+    attn_softcap: bool = False  # applies config.attn_logit_softcapping (Gemma 3's module
+    # stores it but never passes it to attention, so Gemma 3 does not)
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -59,7 +62,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("qwen2", ("qwen2",), "llama", "hidden_act", "layer_types", False, "chatml-qwen2.5"),
     Family("qwen3", ("qwen3",), "llama", "hidden_act", "layer_types", False, "qwen3"),
     Family("gemma", ("gemma",), "gemma", "hidden_act", "none", True, "gemma"),
-    Family("gemma2", ("gemma2",), "gemma", "hidden_activation", "layer_types", True, "gemma"),
+    Family("gemma2", ("gemma2",), "gemma", "hidden_activation", "layer_types", True, "gemma",
+           attn_softcap=True),
     Family("gemma3", ("gemma3_text",), "gemma", "hidden_activation", "layer_types", True,
            "gemma3"),
 )}

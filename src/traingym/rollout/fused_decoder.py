@@ -183,7 +183,7 @@ class FusedDecoder:
                 nw(layer.post_attention_layernorm) if sandwich else None,
                 nw(layer.post_feedforward_layernorm) if sandwich else None,
                 self.windows[i], self.layer_ropes[i], float(a.scaling),
-                getattr(a, "attn_logit_softcapping", None),
+                a.attn_logit_softcapping if self.family.attn_softcap else None,
             ))
         self.norm = nw(self.model.model.norm)
         self.lm_head = pre(self.model.lm_head.weight)
