@@ -16,6 +16,7 @@ Without .venv-vllm the tests skip locally and fail under CI (tests/prereq.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -53,7 +54,10 @@ def engine(policy):
     from traingym.rollout.vllm_engine import VLLMEngine
 
     model, tok = policy
-    eng = VLLMEngine.from_config(_cfg(), model, tok, VLLMEngine.Options(max_model_len=256))
+    # One thread: the tests' batches are small, and two threads fared far worse on a shared
+    # machine whose cores other processes held.
+    eng = VLLMEngine.from_config(_cfg(), model, tok,
+                                 VLLMEngine.Options(max_model_len=256, cpu_threads=1))
     yield eng
     eng.close()
     assert not eng.work_dir.exists()
@@ -70,11 +74,24 @@ def _requests(tok, temperature, n=1, new=12, seed=0, **params):
     return [GenerationRequest(ids, n, p, seed=seed + i) for i, ids in enumerate(_prompts(tok))]
 
 
+@contextlib.contextmanager
+def _one_thread():
+    """On a shared 2-core machine a 2-thread forward ran up to 10x slower than a 1-thread one
+    whenever other processes held the cores; the references are small."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
 @torch.no_grad()
 def _hf_logprobs(model, prompt, tokens, temperature):
     """log softmax(logits / T) of `tokens` (and the full rows) under an fp32 HF forward."""
     ids = torch.tensor([list(prompt) + list(tokens)])
-    logits = model(ids).logits[0, len(prompt) - 1: -1].float()
+    with _one_thread():
+        logits = model(ids).logits[0, len(prompt) - 1: -1].float()
     rows = (logits / (temperature or 1.0)).log_softmax(-1)
     return rows.gather(-1, torch.tensor(tokens)[:, None])[:, 0], rows
 
@@ -141,11 +158,17 @@ def test_stop_token_ends_a_completion(engine, policy):
         assert cs[0].token_ids == want
 
 
-def _perturb(model, seed, scale=0.02):
+def _perturb(model, seed, everything: bool):
+    """Noise on every tensor (so a reload that missed any shows in the log-probs), or on the
+    final norm only (a cheap delta that still changes the greedy outputs)."""
     g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
+    with torch.no_grad(), _one_thread():
+        if not everything:
+            w = model.model.norm.weight
+            w.mul_(1 + 0.3 * torch.randn(w.shape, generator=g))
+            return
         for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale * p.std())
+            p.add_(torch.randn(p.shape, generator=g) * 0.02 * p.std())
 
 
 def test_full_then_delta_update_serves_the_new_weights(engine, policy, tmp_path):
@@ -159,7 +182,7 @@ def test_full_then_delta_update_serves_the_new_weights(engine, policy, tmp_path)
     before = [cs[0].token_ids for cs in engine.generate_sync(reqs)]
     try:
         for version, codec in ((1, "full"), (2, "delta")):
-            _perturb(trainer, version)
+            _perturb(trainer, version, everything=codec == "full")
             stats = sync.publish(trainer.state_dict(), version)
             assert stats.codec == codec
             assert engine.version == version
@@ -187,7 +210,7 @@ def test_worker_that_cannot_start(policy, tmp_path):
                                VLLMEngine.Options(python=str(tmp_path / "nope" / "python"),
                                                   work_dir=str(tmp_path / "w1")))
     assert time.monotonic() - t0 < 5
-    assert list((tmp_path / "w1").iterdir()) == []  # its folder is removed
+    assert not (tmp_path / "w1").exists()  # refused before anything was written
     # The tiny preset's heads are 16 wide; vLLM-CPU's attention kernels take 32 and up.
     tiny, tiny_tok = load_policy("tiny")
     t0 = time.monotonic()

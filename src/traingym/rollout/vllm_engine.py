@@ -109,6 +109,11 @@ class VLLMEngine:
         self._lock = threading.Lock()
         self._closed = False
         self.python = Path(options.python) if options.python else default_python()
+        if not self.python.is_file():  # before anything is written
+            raise EngineUnavailable(
+                f"vllm engine: no interpreter at {self.python}. Fix: run `{SETUP}` (makes "
+                ".venv-vllm), or point rollout.engine_options.python or $TRAINGYM_VLLM_PYTHON "
+                "at a python that has vllm installed")
         parent = Path(options.work_dir) if options.work_dir else None
         if parent:
             parent.mkdir(parents=True, exist_ok=True)
@@ -135,13 +140,9 @@ class VLLMEngine:
 
     def _start(self) -> None:
         o = self.options
-        if not self.python.is_file():
-            raise EngineUnavailable(
-                f"vllm engine: no interpreter at {self.python}. Fix: run `{SETUP}` (makes "
-                ".venv-vllm), or point rollout.engine_options.python or $TRAINGYM_VLLM_PYTHON "
-                "at a python that has vllm installed")
         kv = o.kv_cache_gb if o.kv_cache_gb else (None if torch.cuda.is_available() else 0.5)
         args = [str(self.python), str(WORKER), "--model", str(self.model_dir),
+                "--owned-dir", str(self.work_dir),
                 "--dtype", str(self.dtype).removeprefix("torch."),
                 "--max-model-len", str(self.max_model_len),
                 "--gpu-memory-utilization", str(o.gpu_memory_utilization)]

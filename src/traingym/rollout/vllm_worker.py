@@ -25,7 +25,8 @@ step to return log_softmax(logits / T) taken before the cut. Without a cut both 
 Where the extension cannot install (another model runner), `pre_cut_logprobs` is false and the
 engine refuses requests that cut.
 
-The worker exits when its parent dies (it polls its parent pid) or its command pipe closes.
+The worker exits when its parent dies (it polls its parent pid; then it also removes
+`--owned-dir`, the engine's work folder) or when its command pipe closes.
 Not covered: stop strings, LoRA, tensor parallelism (one LLM per worker), streaming.
 """
 
@@ -77,10 +78,14 @@ class PreCutLogprobs:
         return True
 
 
-def _watch_parent(parent: int) -> None:
+def _watch_parent(parent: int, owned: str | None) -> None:
     while True:
-        if os.getppid() != parent:
-            os._exit(3)  # the engine's process died: nobody can read our answers
+        if os.getppid() != parent:  # the engine's process died: nobody can read our answers
+            if owned:  # nor remove the engine's work folder
+                import shutil
+
+                shutil.rmtree(owned, ignore_errors=True)
+            os._exit(3)
         time.sleep(0.5)
 
 
@@ -152,11 +157,13 @@ def main() -> None:
                     help="KV cache size; set, it replaces --gpu-memory-utilization")
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--owned-dir", default=None, help="removed if the parent dies first")
     args = ap.parse_args()
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>`: every thread's stack, to the log
     fin = os.fdopen(args.fd_in, "r", encoding="utf-8")
     fout = os.fdopen(args.fd_out, "w", encoding="utf-8")
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(os.getppid(), args.owned_dir),
+                     daemon=True).start()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import vllm
 
