@@ -39,6 +39,8 @@ import pytest
 from prereq import require, require_sandbox
 
 import traingym
+from traingym.algorithms import registry as algorithms
+from traingym.algorithms.importance import ImportanceSpec
 from traingym.cluster.local import EngineError
 from traingym.config import ConfigError
 from traingym.observability.events import read_events
@@ -311,7 +313,8 @@ def test_data_parallel_ranks_on_two_nodes_equal_one_process(two_nodes):
                    "trainer_resources": {"engine_node": 1.0}})
     cfg.trainer.data_parallel, cfg.trainer.micro_batch_groups = 2, 2
     ref = TorchTrainer(copy.deepcopy(model), cfg.trainer, cfg.rollout.temperature,
-                       tok.pad_token_id, importance=cfg.async_)  # async: IS-corrected
+                       tok.pad_token_id, importance=ImportanceSpec.from_config(cfg),
+                       algorithm=algorithms.build(cfg))  # async: IS-corrected
     dp = build_trainer(cfg, copy.deepcopy(model), tok.pad_token_id)
     try:
         ranks = dp.ranks
