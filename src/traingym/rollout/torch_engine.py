@@ -35,7 +35,7 @@ from transformers import DynamicCache
 from traingym.padding import left_pad, repeat_cache_rows
 from traingym.precision import engine_dtype
 from traingym.rollout.base import EngineAbilities
-from traingym.rollout.fused_decoder import FusedDecoder as FusedLlama, supports
+from traingym.rollout.fused_decoder import FusedDecoder, supports
 from traingym.types import Completion, GenerationRequest, SamplingParams
 
 
@@ -70,7 +70,7 @@ class TorchEngine:
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
         fused: bool = Field(True, description="the fused decode path where the architecture "
-                            "allows it (rollout/fused_llama.py); False: the plain HF forward")
+                            "allows it (rollout/fused_decoder.py); False: the plain HF forward")
 
     abilities = EngineAbilities(takes_weights=True, inflight_updates=True,
                                 crosses_processes=True)
@@ -94,8 +94,8 @@ class TorchEngine:
         # Called between decode steps (in the decoding thread) where set: it may call
         # update_weights, and later tokens record the new version (in-flight updates).
         self.between_steps: Callable[[], None] | None = None
-        # The fused decode path (rollout/fused_llama.py) where the architecture allows it.
-        self.fused = FusedLlama(self.model) if fused and supports(self.model) else None
+        # The fused decode path (rollout/fused_decoder.py) where the architecture allows it.
+        self.fused = FusedDecoder(self.model) if fused and supports(self.model) else None
 
     def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         own = self.model.state_dict()  # tensors share storage with the model's parameters
