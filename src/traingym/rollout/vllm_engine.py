@@ -54,10 +54,13 @@ SETUP = "bash scripts/setup_vllm.sh"
 
 
 def default_python() -> Path:
-    """$TRAINGYM_VLLM_PYTHON, else `.venv-vllm/bin/python` in the repository root."""
+    """$TRAINGYM_VLLM_PYTHON, else `.venv-vllm/bin/python` in the repository root (an editable
+    install's checkout), else in the current folder."""
     if os.environ.get("TRAINGYM_VLLM_PYTHON"):
         return Path(os.environ["TRAINGYM_VLLM_PYTHON"])
-    return Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
+    venv = Path(".venv-vllm") / "bin" / "python"
+    repo = Path(__file__).resolve().parents[3] / venv
+    return repo if repo.is_file() or not venv.is_file() else venv.absolute()
 
 
 class VLLMEngine:
@@ -171,8 +174,10 @@ class VLLMEngine:
     def _read(self, deadline: float, doing: str) -> dict:
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
-            if left <= 0:
-                raise self._unavailable(f"no answer within its timeout while {doing}")
+            if left <= 0:  # a late answer would be taken for the next one's: stop the worker
+                _stop(self.proc, None)
+                raise self._unavailable(f"no answer within its timeout while {doing} (the "
+                                        "worker was stopped)")
             ready, _, _ = select.select([self._in], [], [], min(left, 1.0))
             if not ready:
                 continue
@@ -322,7 +327,7 @@ def _aliases(state: dict[str, torch.Tensor]) -> dict[str, list[str]]:
     return {g[0]: g for g in groups.values()}
 
 
-def _stop(proc: subprocess.Popen | None, work_dir: Path) -> None:
+def _stop(proc: subprocess.Popen | None, work_dir: Path | None) -> None:
     if proc is not None and proc.poll() is None:
         for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
             try:
@@ -333,7 +338,8 @@ def _stop(proc: subprocess.Popen | None, work_dir: Path) -> None:
                 continue
             except ProcessLookupError:
                 break
-    shutil.rmtree(work_dir, ignore_errors=True)
+    if work_dir is not None:
+        shutil.rmtree(work_dir, ignore_errors=True)
 
 
 def _tail(path: Path, lines: int = 25) -> str:
