@@ -280,6 +280,20 @@ class ClusterConfig(_Strict):
         return self
 
 
+class ObservabilityConfig(_Strict):
+    sinks: list[str] = Field(default_factory=list, description="metric sinks beside "
+                             "events.jsonl (observability/sinks.py): 'tensorboard', 'wandb', "
+                             "'mlflow'; each is an extra, and one that fails is reported once "
+                             "and dropped, never stopping the run")
+    sink_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per-sink options by sink name, e.g. "
+        "{wandb = {project = 'x', mode = 'offline'}}")
+    trace: bool = Field(True, description="write trace.json (Chrome/Perfetto trace events: "
+                        "a span for every phase on every process)")
+    samples_per_step: int = Field(4, ge=0, description="groups per step whose samples are "
+                                  "written to samples.jsonl (for the dashboard)")
+
+
 class Config(_Strict):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_by_name=True,
                               validate_by_alias=True, serialize_by_alias=True)
@@ -303,6 +317,7 @@ class Config(_Strict):
     lora: LoraConfig = LoraConfig()
     sft: SftConfig = SftConfig()
     distill: DistillConfig = DistillConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
 
     @model_validator(mode="after")
     def _extras(self) -> Config:
