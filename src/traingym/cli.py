@@ -1,5 +1,6 @@
 """Command line: `traingym train [CONFIG] [--preset P] [--set k=v ...] [--run-dir D] [--resume]`;
-`traingym eval | runs | export` (eval_cli.py), `traingym plan` (plan.py).
+`traingym eval | runs | export` (eval_cli.py), `traingym plan` (plan.py), `traingym serve`
+(serve/), `traingym dashboard` (dashboard/).
 
 Imports stay light at module level so `traingym --help` answers in well under a second.
 
@@ -48,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     from traingym.serve import add_parser as add_serve
 
     add_serve(sub)
+    from traingym.dashboard import add_parser as add_dashboard
+
+    add_dashboard(sub)
     eval_cli.add_parsers(sub)
     return p
 
@@ -89,6 +93,10 @@ def _command(args: argparse.Namespace) -> int:
         from traingym.serve import main as serve
 
         return serve(args)
+    if args.command == "dashboard":
+        from traingym.dashboard import main as dashboard
+
+        return dashboard(args)
     if args.command in ("eval", "runs", "export"):
         return eval_cli.run(args)
     if getattr(args, "resume", False) and not args.run_dir:
