@@ -39,6 +39,7 @@ from traingym.eval_specs import (ModelSpec, build_engine_for, check_overlap, eva
                                  make_factory, prompt_key, resolve_spec, run_config,
                                  weights_source)
 from traingym.evaluate import Score, collect, group_means, paired_difference, pass_at_k_score
+from traingym.models.families import stop_token_ids
 
 SUMMARY, SAMPLES, COMPARE = "summary.json", "samples.jsonl", "compare.json"
 
@@ -149,7 +150,7 @@ def _run(cfg: Config, engine, tok, factory, group, rows, seed) -> dict[str, list
     for name, temp, k in (("greedy", 0.0, 1), ("sampled", r.temperature,
                                                 cfg.eval.samples_per_prompt)):
         out[name] = collect(engine, factory, rows, temp, k, r.max_new_tokens,
-                            (tok.eos_token_id,), seed, tokenizer=tok,
+                            stop_token_ids(tok), seed, tokenizer=tok,
                             limits=EpisodeLimits(r.max_turns, r.max_context_tokens),
                             group_reward=group)
     return out

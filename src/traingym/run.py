@@ -29,9 +29,12 @@ from traingym.envs.resources import RunResources
 from traingym.envs.single_turn import SingleTurnFactory
 from traingym.envs.tasks import builtin_task, exact_answer
 from traingym.evaluate import as_dict, evaluate, paired_difference
+from traingym.models.families import stop_token_ids
 from traingym.models.loader import check_model_path, load_policy
 from traingym.observability.events import RunLog
+from traingym.observability import trace
 from traingym.observability.progress import Progress
+from traingym.observability.utilisation import StepUtilisation
 from traingym.precision import engine_dtype
 from traingym.preempt import Preemption, RunPreempted
 from traingym.rollout.runner import EpisodeLimits, RolloutRunner
@@ -211,6 +214,7 @@ class Run:
     lock: runlock.RunLock | None = None  # the run directory's; api.train releases it last
     preemption: Preemption | None = None  # SIGTERM's request to stop (preempt.py), set by train
     resources: RunResources = field(default_factory=RunResources)  # envs' pools (envs/resources.py)
+    util: StepUtilisation | None = None  # per-step utilisation keys from the trace (trace on)
 
     def close(self) -> None:
         try:
@@ -231,6 +235,10 @@ class Run:
         return True
 
     def save_checkpoint(self, step: int, loop_state: dict | None = None) -> None:
+        with trace.span("checkpoint", cat="checkpoint", step=step + 1):
+            self._save_checkpoint(step, loop_state)
+
+    def _save_checkpoint(self, step: int, loop_state: dict | None = None) -> None:
         checkpoint.save(self.run_dir / "checkpoints", step + 1, self.trainer.model,
                         self.trainer.optimizer,
                         {"data_position": self.data.position, **(loop_state or {})},
@@ -274,11 +282,13 @@ class Run:
 
     def evaluate(self) -> dict:
         r = self.cfg.rollout
-        return evaluate(self.engine, self.factory, self.inputs.eval_rows, r.temperature,
-                        self.cfg.eval.samples_per_prompt, r.max_new_tokens, self.eval_stop_ids,
-                        seed=self.cfg.seed + 7, tokenizer=self.tokenizer,
-                        limits=EpisodeLimits(r.max_turns, r.max_context_tokens),
-                        group_reward=self.inputs.group_reward, resources=self.resources)
+        with trace.span("eval", cat="eval", prompts=len(self.inputs.eval_rows)):
+            return evaluate(self.engine, self.factory, self.inputs.eval_rows, r.temperature,
+                            self.cfg.eval.samples_per_prompt, r.max_new_tokens,
+                            self.eval_stop_ids, seed=self.cfg.seed + 7,
+                            tokenizer=self.tokenizer,
+                            limits=EpisodeLimits(r.max_turns, r.max_context_tokens),
+                            group_reward=self.inputs.group_reward, resources=self.resources)
 
 
 def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_dataset=None,
@@ -291,12 +301,16 @@ def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_datas
     check_engine(cfg)  # the engine can do what the run asks of it (rollout/registry.py)
     check_cluster(cfg.cluster)  # ray importable, its address answers (cluster/preflight.py)
     lock = take_run_dir(run_dir, cfg, resume)
+    if cfg.observability.trace:  # this process's shard; started processes add theirs
+        trace.start(run_dir / trace.TRACE_DIR, "trainer")
     try:
         run, start_step = _build_run(cfg, run_dir, resume, inputs, progress)
     except BaseException:  # the lock is released; the error goes on
+        trace.stop()
         lock.release()
         raise
     run.lock = lock
+    run.util = StepUtilisation(run_dir) if cfg.observability.trace else None
     return run, start_step
 
 
@@ -341,7 +355,7 @@ def _assemble(cfg, run_dir, resume, inputs, progress, model, tok, engine) -> tup
     renderer = PromptRenderer(tok, cfg.task.prefill, cfg.task.system_prompt)
     factory = (BoundFactory(inputs.env, renderer) if inputs.env is not None
                else SingleTurnFactory(inputs.reward_fn, renderer))
-    stop_ids = () if cfg.rollout.ignore_eos else (tok.eos_token_id,)
+    stop_ids = () if cfg.rollout.ignore_eos else stop_token_ids(tok)
     r = cfg.rollout
     params = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, stop_ids)
     log = RunLog(run_dir)
@@ -361,7 +375,7 @@ def _assemble(cfg, run_dir, resume, inputs, progress, model, tok, engine) -> tup
                             limits=EpisodeLimits(r.max_turns, r.max_context_tokens),
                             group_reward=inputs.group_reward, resources=resources), weights,
               DataStream(inputs.train_rows, cfg.seed, position), log,
-              Progress(cfg.steps, start_step, enabled=progress), (tok.eos_token_id,),
+              Progress(cfg.steps, start_step, enabled=progress), stop_token_ids(tok),
               resumed=state, resources=resources)
     return run, start_step
 

@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import traingym
 from traingym.envs.render import PromptRenderer
-from traingym.models.families import END_OF_TURN, FAMILIES, chat_template
+from traingym.models.families import END_OF_TURN, FAMILIES, chat_template, stop_token_ids
 from traingym.models.loader import tiny_tokenizer
 from traingym.observability.events import read_events
 from traingym.padding import left_pad
@@ -253,12 +253,30 @@ def test_each_familys_chat_template_through_the_renderer(family):
     text = renderer.text({"prompt": Q})
     assert text == plain.format(bos=tok.bos_token)
     assert tok.decode(renderer.ids({"prompt": Q})) == text  # ids are the text, nothing lost
-    system = PromptRenderer(tok, prefill="The answer is", system_prompt=SYS)
-    if with_system is None:  # traingym sends a system message; this template refuses it
-        with pytest.raises(jinja2.TemplateError, match="System role not supported"):
-            system.text({"prompt": Q})
+    if with_system is None:  # this template refuses a system message: refused when built,
+        with pytest.raises(ValueError, match="refuses task.system_prompt.*System role not "
+                           "supported.*unset task.system_prompt") as caught:  # with the fix
+            PromptRenderer(tok, prefill="The answer is", system_prompt=SYS)
+        assert isinstance(caught.value.__cause__, jinja2.TemplateError)
     else:
+        system = PromptRenderer(tok, prefill="The answer is", system_prompt=SYS)
         assert system.text({"prompt": Q}) == with_system.format(bos=tok.bos_token)
     end = END_OF_TURN[name] or tok.eos_token
     follow = renderer.continuation([{"role": "user", "content": "And 4 + 4?"}], stop_text=end)
     assert follow == NEXT_TURN[name]
+
+
+@pytest.mark.parametrize("name", sorted(RENDERED))
+def test_sampling_stops_at_the_templates_end_of_turn_as_well_as_eos(name):
+    """Gemma's eos is <eos> but its turns end with <end_of_turn>; Llama 3's turns end with
+    <|eot_id|>: stop_token_ids holds the marker the template writes (when it is one token)."""
+    tok = tiny_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<end_of_turn>", "<|eot_id|>"]})
+    tok.chat_template = chat_template(name)
+    marker = END_OF_TURN[name]
+    expected = [tok.eos_token_id]
+    if marker is not None and tok.convert_tokens_to_ids(marker) != tok.eos_token_id:
+        expected.append(tok.convert_tokens_to_ids(marker))
+    assert stop_token_ids(tok) == tuple(expected)
+    tok.chat_template = chat_template("chatml-qwen2.5")  # a marker the template never writes
+    assert stop_token_ids(tok) == (tok.eos_token_id,)  # is not a stop token

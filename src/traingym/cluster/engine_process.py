@@ -46,6 +46,9 @@ from typing import Any, Callable
 
 import xxhash
 
+from traingym.models.families import stop_token_ids
+from traingym.observability import trace
+
 
 @dataclass(frozen=True)
 class Job:
@@ -69,6 +72,10 @@ class EngineSpec:
     env: Callable | None
     group_reward: Callable | None
     sandboxes: Any = None  # a client of sandbox workers elsewhere (cluster/ray_sandboxes.py)
+    role: str = "engine"  # its name in the trace ("engine-0")
+    trace: bool = False  # record spans (observability/trace.py) ...
+    trace_dir: str | None = None  # ... into this shard folder (None: shipped with results)
+    trace_node: str | None = None  # the Ray node that folder is on (None: this machine)
 
 
 def tokenizer_fingerprint(tok) -> str:
@@ -80,6 +87,8 @@ def tokenizer_fingerprint(tok) -> str:
 class _Batcher:
     """The engine as each task's runner sees it: generate() parks the requests; the serve loop
     runs everything parked in one engine call."""
+
+    span = ("wait_batch", "episode")  # the runner's span while parked (rollout/runner.py)
 
     def __init__(self, engine):
         self.engine, self.parked = engine, []
@@ -122,6 +131,7 @@ class EngineProcess:
         self.resources = RunResources(sandboxes=spec.sandboxes)
         cfg, r = spec.cfg, spec.cfg.rollout
         self.requests, self.results, self.parent = requests, results, os.getppid()
+        self.role = spec.role
         model, tok = load_policy(cfg.model.path, seed=cfg.seed)
         self.engine = build_engine(cfg, model, tok, spec.engine)  # rollout/registry.py
         del model  # the engine holds its own copy
@@ -131,12 +141,14 @@ class EngineProcess:
                      else None)  # a lost link (tcp) is connected again, saying what it holds
         self.subscriber = Subscriber(make(transport), reconnect=reconnect)
         self.timeout_s = cfg.weights.timeout_s
-        verified = self.subscriber.wait_for(spec.start_version, self.timeout_s)
-        self.engine.update_weights(verified, self.subscriber.version)
+        with trace.span("wait_weights", cat="wait", version=spec.start_version):
+            verified = self.subscriber.wait_for(spec.start_version, self.timeout_s)
+        with trace.span("apply", cat="weights", version=self.subscriber.version):
+            self.engine.update_weights(verified, self.subscriber.version)
         renderer = PromptRenderer(tok, cfg.task.prefill, cfg.task.system_prompt)
         factory = (BoundFactory(spec.env, renderer) if spec.env is not None
                    else SingleTurnFactory(spec.reward_fn, renderer))
-        stop_ids = () if r.ignore_eos else (tok.eos_token_id,)
+        stop_ids = () if r.ignore_eos else stop_token_ids(tok)
         params = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, stop_ids)
         if cfg.async_.inflight_updates:
             self.engine.between_steps = self.poll_weights  # in the decoding thread; the serve
@@ -146,6 +158,7 @@ class EngineProcess:
                                     limits=EpisodeLimits(r.max_turns, r.max_context_tokens),
                                     group_reward=spec.group_reward, resources=self.resources)
         self.generate_s, self.updates = 0.0, 0
+        self.blocked_since: int | None = None  # a job waits for weights since (trace)
         results.put(("ready", {"pid": os.getpid(), "tokenizer": tokenizer_fingerprint(tok),
                                "version": self.engine.version}))
 
@@ -160,7 +173,8 @@ class EngineProcess:
             except TransportTimeout:
                 break
         if advanced:
-            self.engine.update_weights(self.subscriber.state, self.subscriber.version)
+            with trace.span("apply", cat="weights", version=self.subscriber.version):
+                self.engine.update_weights(self.subscriber.state, self.subscriber.version)
             self.updates += 1
 
     def report(self, version: int) -> None:
@@ -178,6 +192,9 @@ class EngineProcess:
         groups = await self.runner.collect_async([(job.key[0], job.row)], job.seed)
         meta = {"engine_version": self.engine.version, "generate_s": self.generate_s,
                 "updates": self.updates, **dataclasses.asdict(self.subscriber.stats)}
+        held = trace.drain()  # spans of an actor that cannot write the run directory
+        if held:
+            meta["trace"] = (self.role, os.getpid(), held)
         self.results.put(("group", job.key, groups[0], meta))
 
     async def serve(self) -> None:
@@ -204,17 +221,27 @@ class EngineProcess:
             self.poll_weights()
             while waiting and waiting[0].version <= self.engine.version:
                 tasks.add(asyncio.create_task(self.run_job(waiting.popleft())))
+            self._note_blocked(bool(waiting))
             for _ in range(3):  # let new tasks reach their first generate call
                 await asyncio.sleep(0)
             if self.batcher.parked:
                 t0 = time.perf_counter()
-                await self.batcher.run_parked()
+                with trace.span("generate", cat="engine", calls=len(self.batcher.parked)):
+                    await self.batcher.run_parked()
                 self.generate_s += time.perf_counter() - t0
             else:
                 await asyncio.sleep(0.002)
             for t in [t for t in tasks if t.done()]:
                 tasks.discard(t)
                 t.result()  # an env or reward that raised stops the engine, loudly
+
+    def _note_blocked(self, blocked: bool) -> None:
+        """Trace the time a job waits for weights that have not arrived ("wait_weights")."""
+        if blocked and self.blocked_since is None:
+            self.blocked_since = trace.now_us()
+        elif not blocked and self.blocked_since is not None:
+            trace.complete("wait_weights", "wait", self.blocked_since, trace.now_us())
+            self.blocked_since = None
 
     async def main(self) -> None:
         """Serve; then, on this loop, end the jobs still running and close what the envs kept
@@ -237,6 +264,8 @@ class EngineProcess:
 
 def engine_main(spec: EngineSpec, requests, results) -> None:
     """Entry point of an engine process."""
+    if spec.trace:
+        trace.start(spec.trace_dir, spec.role)
     try:
         proc = EngineProcess(spec, requests, results)
         asyncio.run(proc.main())

@@ -15,6 +15,22 @@ class PromptRenderer:
     prefill: str = ""
     system_prompt: str | None = None
 
+    def __post_init__(self):
+        if self.system_prompt is not None:
+            self.check_system_prompt()
+
+    def check_system_prompt(self) -> None:
+        """Fail at once, with the fix, where the chat template refuses a system message
+        (Gemma 1/2's raises 'System role not supported' from inside Jinja)."""
+        try:
+            self.render([{"role": "system", "content": self.system_prompt},
+                         {"role": "user", "content": "-"}])
+        except Exception as e:  # jinja2's TemplateError, or whatever the template raises
+            raise ValueError(f"the model's chat template refuses task.system_prompt "
+                             f"({type(e).__name__}: {e}): unset task.system_prompt, or put the "
+                             f"instructions in the prompts (a template with no system role, "
+                             f"e.g. Gemma 1/2)") from e
+
     def messages(self, example: dict[str, Any]) -> list[dict[str, str]]:
         prompt = example["prompt"]
         msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)

@@ -27,14 +27,17 @@ verbatim, so multi-turn rendering (envs/render.py `continuation`) works. System 
 - mistral: no system role in [INST] format; the system text is put before the first user
   message, separated by a blank line (traingym's choice, stated here);
 - gemma (Gemma 1/2): no system role; the template refuses it ("System role not supported"),
-  so a run with task.system_prompt fails at its first prompt with that message: unset
-  task.system_prompt or use the gemma3 template;
+  so a run with task.system_prompt fails when its prompt renderer is built (envs/render.py),
+  with that message and the fix: unset task.system_prompt or use the gemma3 template;
 - gemma3: no system role; the system text is put at the start of the first user turn,
   followed by a blank line.
 
 `END_OF_TURN` is the text each template ends an assistant turn with. traingym stops
-sampling at the tokenizer's `eos_token`; with the published Gemma tokenizers that is `<eos>`,
-not `<end_of_turn>`, so a Gemma run should set the folder's `eos_token` to `<end_of_turn>`.
+sampling at `stop_token_ids(tok)`: the tokenizer's `eos_token` and, when the tokenizer's chat
+template ends turns with one of these markers and it is a single token, that marker too. The
+published Gemma tokenizers' eos is `<eos>` while their template ends a turn with
+`<end_of_turn>`; Llama 3's base eos is `<|end_of_text|>` while its template ends a turn with
+`<|eot_id|>`: both stop at the end of the turn.
 """
 
 from __future__ import annotations
@@ -184,3 +187,17 @@ def chat_template(name: str) -> str:
         raise KeyError(f"unknown chat template {name!r}; choose one of {sorted(CHAT_TEMPLATES)}"
                        f"{did_you_mean(name, CHAT_TEMPLATES)}")
     return CHAT_TEMPLATES[name]
+
+
+def stop_token_ids(tok) -> tuple[int, ...]:
+    """The ids that end an assistant turn: the eos token, then every END_OF_TURN marker the
+    tokenizer's chat template writes that is one token of its vocabulary."""
+    ids = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    template = tok.chat_template if isinstance(tok.chat_template, str) else ""
+    for marker in sorted({m for m in END_OF_TURN.values() if m}):
+        if marker not in template:
+            continue
+        found = tok.encode(marker, add_special_tokens=False)
+        if len(found) == 1 and found[0] not in ids:
+            ids.append(found[0])
+    return tuple(ids)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from traingym.models.families import stop_token_ids
+
 
 @dataclass
 class Served:
@@ -102,5 +104,5 @@ def load(arg: str, overrides: list[str] | None = None, name: str | None = None) 
         default_name = arg if arg in ("tiny", "embedded") else Path(arg).expanduser().name
     context = getattr(model.config, "max_position_embeddings", None)
     engine = build_engine(cfg, model, tok)
-    stop = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
+    stop = stop_token_ids(tok)
     return Served(name or default_name, source, engine, tok, context, stop)
