@@ -1,19 +1,33 @@
 """The run directory's logs: events.jsonl (one object per step, the source of truth) and
-samples.jsonl (a few prompt/completion/reward records per step)."""
+samples.jsonl (every sample of a few groups per step, for the dashboard's samples browser),
+both in the versioned schema of observability/schema.py (docs/events.md). Each step record
+goes to events.jsonl first, then to the config's sinks (observability/sinks.py), which never
+stop the run.
+
+Samples: `samples_per_step` groups per step (0: none), all G samples of each, with a stable
+`sid` ('<step>-<group index>-<member>'). A multi-turn episode's completion is split into its
+policy and environment turns by the loss mask and decoded turn by turn; tool calls are
+parsed from the policy turns in the Hermes format (ToolTask's default parser). Not covered:
+tool calls in another parser's format (they stay in the turn text).
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from traingym.types import Group
+from traingym.observability.schema import SCHEMA_VERSION
+from traingym.types import Group, Sample
 
 
 class RunLog:
-    def __init__(self, run_dir: Path, samples_per_step: int = 4):
+    def __init__(self, run_dir: Path, samples_per_step: int = 4, sinks=None, tokenizer=None):
         self.events_path = run_dir / "events.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
         self.samples_per_step = samples_per_step
+        self.sinks = sinks  # observability.sinks.Sinks, or None
+        self.tokenizer = tokenizer  # decodes multi-turn episodes turn by turn
 
     def truncate_after(self, step: int) -> None:
         """On resume, drop records of steps after the checkpoint (they will be redone)."""
@@ -24,18 +38,78 @@ class RunLog:
                 path.write_text("".join(ln + "\n" for ln in keep))
 
     def event(self, record: dict) -> None:
+        record = {"schema": SCHEMA_VERSION, **record}
         with open(self.events_path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        if self.sinks is not None:
+            self.sinks.log(record)
 
     def samples(self, step: int, groups: list[Group]) -> None:
+        """Samples of step index `step` (0-based), recorded under `step + 1` like its event."""
+        if self.samples_per_step <= 0:
+            return
         with open(self.samples_path, "a") as f:
             for group in groups[: self.samples_per_step]:
-                s = group.samples[0]
-                f.write(json.dumps({"step": step, "prompt": s.prompt_text,
-                                    "completion": s.completion_text, "reward": s.reward,
-                                    "example": s.example}) + "\n")
+                for member, s in enumerate(group.samples):
+                    f.write(json.dumps(self.sample_record(step + 1, group.index, member, s))
+                            + "\n")
+
+    def sample_record(self, step: int, group: int, member: int, s: Sample) -> dict[str, Any]:
+        out = {"schema": SCHEMA_VERSION, "sid": f"{step}-{group}-{member}", "step": step,
+               "group": group, "member": member, "reward": s.reward, "prompt": s.prompt_text,
+               "completion": s.completion_text, "finish_reason": s.finish_reason,
+               "turns": s.turns, "tokens": sum(s.loss_mask), "example": s.example}
+        turns = self.split_turns(s)
+        if len(turns) > 1:
+            out["messages"] = turns
+        calls = tool_calls(turns or [{"role": "policy", "text": s.completion_text}])
+        if calls:
+            out["tool_calls"] = calls
+        return out
+
+    def split_turns(self, s: Sample) -> list[dict[str, str]]:
+        """The completion as [{'role': 'policy'|'env', 'text'}], one entry per run of the
+        loss mask; [] without a tokenizer."""
+        if self.tokenizer is None or not s.completion_ids:
+            return []
+        turns, start = [], 0
+        mask = s.loss_mask
+        for i in range(1, len(mask) + 1):
+            if i == len(mask) or mask[i] != mask[start]:
+                text = self.tokenizer.decode(s.completion_ids[start:i], skip_special_tokens=True)
+                turns.append({"role": "policy" if mask[start] else "env", "text": text})
+                start = i
+        return turns
+
+    def close(self) -> None:
+        if self.sinks is not None:
+            self.sinks.close()
+
+
+def tool_calls(turns: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """Hermes-format tool calls in the policy turns, numbered by policy turn (1-based)."""
+    if not any("<tool_call>" in t["text"] for t in turns):
+        return []
+    from traingym.envs.tools import HermesParser, ToolCall
+
+    out, n = [], 0
+    for t in turns:
+        if t["role"] != "policy":
+            continue
+        n += 1
+        for call in HermesParser().parse(t["text"]):
+            out.append({"turn": n, "name": call.name, "arguments": call.arguments}
+                       if isinstance(call, ToolCall) else {"turn": n, "error": call.message})
+    return out
 
 
 def read_events(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "events.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def read_samples(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "samples.jsonl"
+    if not path.exists():
+        return []
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]

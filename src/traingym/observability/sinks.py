@@ -1,0 +1,140 @@
+"""Metric sinks beside events.jsonl: the seam, its registry, and the set a run writes to.
+
+events.jsonl is the source of truth (observability/events.py writes it first); a sink copies
+each step record's numbers somewhere people already look (TensorBoard, Weights & Biases,
+MLflow). Sinks are chosen by `observability.sinks`, with per-sink options in
+`observability.sink_options`; a sink is one file (sink_<name>.py) plus one line in SINKS.
+
+Names, options and the sink's packages are checked when the config is built (`check`), so a
+typo or a missing extra fails before any work starts. At run time a sink that raises (in open,
+log or close) is reported once, one line on stderr naming the sink and the error, and dropped:
+the run goes on, and events.jsonl still has every step.
+
+Covered: numbers only (ints and finite floats; booleans, strings, lists and None are not
+metrics and stay in events.jsonl). SFT-phase records go under `sft/` with `sft_step` as step.
+Not covered: samples, traces and checkpoints as sink artifacts (the run directory holds them).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from typing import Any, Protocol
+
+SINKS: dict[str, str] = {
+    "tensorboard": "traingym.observability.sink_tensorboard:TensorBoardSink",
+    "wandb": "traingym.observability.sink_wandb:WandbSink",
+    "mlflow": "traingym.observability.sink_mlflow:MlflowSink",
+}
+
+
+class Sink(Protocol):
+    """One metric destination. A class also declares `requires` (modules it imports, checked
+    with find_spec when the config is built), `extra` (the pip extra that installs them) and
+    `options` (the option names it accepts from observability.sink_options)."""
+
+    def open(self, run_dir: Path, cfg: Any, options: dict[str, Any]) -> None: ...
+
+    def log(self, step: int, record: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def sink_class(name: str) -> type:
+    module, _, cls = SINKS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def check(names: list[str], options: dict[str, dict[str, Any]]) -> None:
+    """Raise ValueError naming the problem and the fix for an unknown or repeated sink, an
+    option of a sink that is not chosen or that it does not take, or a package not installed."""
+    from traingym.config import did_you_mean
+
+    for name in names:
+        if name not in SINKS:
+            raise ValueError(f"observability.sinks: unknown sink {name!r}; choose from "
+                             f"{sorted(SINKS)}{did_you_mean(name, SINKS)} (events.jsonl and "
+                             "the console are always written)")
+    if len(set(names)) != len(names):
+        raise ValueError(f"observability.sinks lists a sink twice: {names}")
+    for name, opts in options.items():
+        if name not in names:
+            raise ValueError(f"observability.sink_options.{name}: {name!r} is not in "
+                             f"observability.sinks {names}; add it there or drop its options")
+    for name in names:
+        cls = sink_class(name)
+        unknown = sorted(set(options.get(name, {})) - set(cls.options))
+        if unknown:
+            raise ValueError(f"observability.sink_options.{name}: unknown option "
+                             f"{unknown[0]!r}; {name} takes {sorted(cls.options)}"
+                             f"{did_you_mean(unknown[0], cls.options)}")
+        absent = [m for m in cls.requires if importlib.util.find_spec(m) is None]
+        if absent:
+            raise ValueError(f"observability.sinks: {name!r} needs the {absent[0]!r} package, "
+                             f"which is not installed: pip install 'traingym[{cls.extra}]'")
+
+
+def scalars(record: dict[str, Any]) -> tuple[int, dict[str, float]]:
+    """(step, the record's numbers): RL records by `step`, SFT records under `sft/`."""
+    sft = record.get("phase") == "sft"
+    step = int(record["sft_step"] if sft else record["step"])
+    out = {}
+    for k, v in record.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            continue
+        if k in ("schema", "step", "phase"):
+            continue
+        out[f"sft/{k}" if sft else k] = float(v)
+    return step, out
+
+
+class Sinks:
+    """The sinks of one run: opened at the first record, each dropped at its first error."""
+
+    def __init__(self, run_dir: Path, cfg: Any):
+        self.run_dir, self.cfg = Path(run_dir), cfg
+        obs = cfg.observability
+        self.pending = [(n, dict(obs.sink_options.get(n, {}))) for n in obs.sinks]
+        self.live: dict[str, Any] = {}
+        self.failed: dict[str, str] = {}  # name -> the error reported
+
+    def _drop(self, name: str, where: str, err: BaseException) -> None:
+        self.live.pop(name, None)
+        self.failed[name] = f"{type(err).__name__}: {err}"
+        print(f"traingym: sink {name!r} failed in {where} ({self.failed[name]}); it is dropped "
+              "and the run goes on (events.jsonl has every step)", file=sys.stderr, flush=True)
+
+    def _open(self) -> None:
+        pending, self.pending = self.pending, []
+        for name, options in pending:
+            try:
+                sink = sink_class(name)()
+                sink.open(self.run_dir, self.cfg, options)
+            except Exception as e:  # a sink never stops the run (reported once)
+                self._drop(name, "open", e)
+            else:
+                self.live[name] = sink
+
+    def log(self, record: dict[str, Any]) -> None:
+        if self.pending:
+            self._open()
+        if not self.live:
+            return
+        step, values = scalars(record)
+        for name, sink in list(self.live.items()):
+            try:
+                sink.log(step, values)
+            except Exception as e:  # a sink never stops the run (reported once)
+                self._drop(name, "log", e)
+
+    def close(self) -> None:
+        self.pending = []
+        for name, sink in list(self.live.items()):
+            try:
+                sink.close()
+            except Exception as e:  # a sink never stops the run (reported once)
+                self._drop(name, "close", e)
+        self.live = {}
