@@ -293,6 +293,13 @@ class ObservabilityConfig(_Strict):
     samples_per_step: int = Field(4, ge=0, description="groups per step whose samples are "
                                   "written to samples.jsonl (for the dashboard)")
 
+    @model_validator(mode="after")
+    def _sinks_known(self) -> ObservabilityConfig:
+        from traingym.observability.sinks import check
+
+        check(self.sinks, self.sink_options)  # names, options, installed extras
+        return self
+
 
 class Config(_Strict):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_by_name=True,
