@@ -34,6 +34,7 @@ from traingym.models.loader import check_model_path, load_policy
 from traingym.observability.events import RunLog
 from traingym.observability import trace
 from traingym.observability.progress import Progress
+from traingym.observability.sinks import Sinks
 from traingym.observability.utilisation import StepUtilisation
 from traingym.precision import engine_dtype
 from traingym.preempt import Preemption, RunPreempted
@@ -220,6 +221,7 @@ class Run:
         try:
             self.rollouts.close()
             self.resources.close()  # after every runner of the run closed its loop's part
+            self.log.close()  # the sinks (observability/sinks.py)
         finally:
             try:
                 self.weights.close()
@@ -358,7 +360,8 @@ def _assemble(cfg, run_dir, resume, inputs, progress, model, tok, engine) -> tup
     stop_ids = () if cfg.rollout.ignore_eos else stop_token_ids(tok)
     r = cfg.rollout
     params = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, stop_ids)
-    log = RunLog(run_dir)
+    log = RunLog(run_dir, cfg.observability.samples_per_step,
+                 Sinks(run_dir, cfg) if cfg.observability.sinks else None, tok)
     start_step, position, state = 0, 0, {}
     if resume:
         saved = checkpoint.committed(run_dir / "checkpoints")
