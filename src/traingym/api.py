@@ -10,6 +10,7 @@ from pathlib import Path
 from traingym.config import Config
 from traingym.config_load import build_config, validate
 from traingym.evaluate import Score
+from traingym.observability import trace, utilisation
 from traingym.loop import train_loop
 from traingym.preempt import Preemption
 from traingym.run import Run, build_run, eval_report
@@ -96,14 +97,22 @@ def _train_run(cfg: Config, run_dir: Path, run: Run, start: int) -> TrainResult:
         try:
             run.close()
         finally:
-            run.trainer.close()  # data-parallel ranks (trainer/distributed.py)
+            try:
+                run.trainer.close()  # data-parallel ranks (trainer/distributed.py)
+            finally:  # every process's spans are written: merge them (crashed runs too)
+                trace.stop()
+                trace.merge(run_dir)
     report = eval_report(before, after, cfg.eval.metric) if has_eval else {}
     if report.get("delta"):
         d = report["delta"]
         show("change (paired over prompts): " + "  ".join(
             f"{k} {v['delta']:+.3f} ± {v['se']:.3f}"
             + (f" ({v['z']:.1f} SE)" if v["z"] is not None else "") for k, v in d.items()))
-    (run_dir / "results.json").write_text(json.dumps({"final": metrics, "eval": report}, indent=1))
+    usage = utilisation.summary(run_dir) if cfg.observability.trace else {}
+    if usage:
+        show(utilisation.line(usage))
+    (run_dir / "results.json").write_text(json.dumps({"final": metrics, "eval": report,
+                                                      "utilisation": usage}, indent=1))
     return TrainResult(run_dir, metrics, report)
 
 

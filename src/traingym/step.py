@@ -21,6 +21,7 @@ import time
 from typing import Callable
 
 from traingym.algorithms import registry
+from traingym.observability import trace
 from traingym.types import Batch, Group
 
 
@@ -65,12 +66,15 @@ def run_step(run, step: int, take: Callable, publish: Callable, algorithm=None,
     """Train one step; returns (its record, whether a checkpoint was saved)."""
     cfg = run.cfg
     algorithm = algorithm or registry.build(cfg)
-    t0 = time.monotonic()
-    groups, batch, info, rounds = fill_batch(algorithm, take, cfg.rollout.prompts_per_step)
+    t0, start_us = time.monotonic(), trace.now_us()
+    with trace.span("collect", cat="loop", step=step + 1):  # sync: rollouts; async: the wait
+        groups, batch, info, rounds = fill_batch(algorithm, take, cfg.rollout.prompts_per_step)
     t1 = time.monotonic()
-    train_metrics = run.trainer.train_step(batch)
+    with trace.span("train_step", cat="trainer", step=step + 1):
+        train_metrics = run.trainer.train_step(batch)
     t2 = time.monotonic()
-    sync = publish(run.trainer.export(), step + 1)
+    with trace.span("publish", cat="weights", version=step + 1):
+        sync = publish(run.trainer.export(), step + 1)
     t3 = time.monotonic()
     state = loop_state() if loop_state else None
     saved = run.maybe_checkpoint(step, state)
@@ -86,6 +90,9 @@ def run_step(run, step: int, take: Callable, publish: Callable, algorithm=None,
         metrics["sample_rounds"] = rounds
     if extend:
         extend(metrics, seconds)
+    trace.complete("step", "loop", start_us, trace.now_us(), step=step + 1)
+    if getattr(run, "util", None) is not None:  # observability/utilisation.py
+        metrics.update(run.util.keys(start_us, trace.now_us()))
     run.log.event(metrics)
     run.log.samples(step, groups)
     run.progress.update(step, metrics)

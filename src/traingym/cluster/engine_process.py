@@ -267,7 +267,8 @@ def engine_main(spec: EngineSpec, requests, results) -> None:
     if spec.trace:
         trace.start(spec.trace_dir, spec.role)
     try:
-        proc = EngineProcess(spec, requests, results)
+        with trace.span("start", cat="setup"):  # model, engine, first weights
+            proc = EngineProcess(spec, requests, results)
         asyncio.run(proc.main())
     except BaseException:
         results.put(("error", traceback.format_exc()))

@@ -41,6 +41,7 @@ import torch
 
 from traingym.cluster.engine_process import EngineSpec, Job, engine_main, tokenizer_fingerprint
 from traingym.config import ConfigError
+from traingym.observability import trace
 from traingym.precision import engine_dtype
 from traingym.rollout import registry as engines
 from traingym.weights import registry
@@ -92,6 +93,7 @@ def _transport(weights_cfg, run_dir: Path, host: str = "127.0.0.1"):
 class LocalEngines:
     tcp_host = "127.0.0.1"  # where the trainer's weight sender listens (cluster/ray.py: the
     # node's address)
+    trace_node = None  # the node the run directory is on (cluster/ray.py: the driver's)
 
     def __init__(self, run, start_version: int):
         cfg = run.cfg
@@ -106,7 +108,8 @@ class LocalEngines:
         inputs = run.inputs
         self.spec = EngineSpec(cfg, self.transport, entry.receiver, entry.abilities.reconnects,
                                start_version, engines.get(cfg.rollout.engine), inputs.reward_fn,
-                               inputs.env, inputs.group_reward)
+                               inputs.env, inputs.group_reward, trace=trace.enabled(),
+                               trace_dir=trace.shard_dir(), trace_node=self.trace_node)
         self.tokenizer = tokenizer_fingerprint(run.tokenizer)
         self.ctx = mp.get_context("spawn")
         self.inbox: queue.Queue = queue.Queue()
@@ -138,7 +141,8 @@ class LocalEngines:
         return proc, requests, results
 
     def _start(self, eid: int, incarnation: int) -> _Handle:
-        spec = dataclasses.replace(self.spec, start_version=self.publisher.version)
+        spec = dataclasses.replace(self.spec, start_version=self.publisher.version,
+                                   role=f"engine-{eid}")
         proc, requests, results = self._spawn(eid, spec)
         h = _Handle(eid, incarnation, proc, requests, results)
         h.pump = threading.Thread(target=self._pump, args=(h,), daemon=True)
@@ -225,6 +229,7 @@ class LocalEngines:
                 h.ready = msg[1]
                 continue
             key, group, meta = msg[1], msg[2], msg[3]
+            trace.write_shipped(*meta.pop("trace", ([], "", 0)))  # a Ray actor's, elsewhere
             if h.jobs.pop(key, None) is None:
                 self.stats["ignored_results"] += 1
                 continue

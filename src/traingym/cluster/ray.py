@@ -68,6 +68,8 @@ class EngineActor:
     """One rollout engine: engine_main in a thread, fed and drained by remote calls."""
 
     def __init__(self, spec: EngineSpec):
+        if spec.trace_node not in (None, ray.get_runtime_context().get_node_id()):
+            spec = dataclasses.replace(spec, trace_dir=None)  # not this node's: ship spans
         self.requests, self.results = queue.Queue(), _ThreadQueue()
         self.thread = threading.Thread(target=engine_main,
                                        args=(spec, self.requests, self.results), daemon=True)
@@ -143,7 +145,7 @@ class RayEngines(LocalEngines):
         c = run.cfg.cluster
         self.owns_ray = join_cluster(c)
         self.tcp_host = ray.util.get_node_ip_address()
-        self.trainer_node = ray.get_runtime_context().get_node_id()
+        self.trainer_node = self.trace_node = ray.get_runtime_context().get_node_id()
         self.bundle = {"CPU": 1.0, **c.engine_resources}
         timeout = run.cfg.async_.engine_timeout_s
         self.pg = placement_group([dict(self.bundle)] * run.cfg.async_.engines, strategy="PACK")

@@ -33,9 +33,16 @@ from traingym.envs.base import EnvFactory
 from traingym.envs.group import GroupReward, score_group
 from traingym.envs.resources import RunResources
 from traingym.envs.transcript import ContextError, Transcript
+from traingym.observability import trace
 from traingym.types import Completion, GenerationRequest, Group, SamplingParams, StepResult
 
 CLOSE_TIMEOUT_S = 60.0  # closing env resources (a sandbox pool) must not hang a finished run
+
+
+async def _traced(name: str, call):
+    """Await an env call inside its span (each runs as its own task: its own trace lane)."""
+    with trace.span(name, cat="env"):
+        return await call
 
 
 def stream_seed(*parts: int) -> int:
@@ -126,7 +133,8 @@ class RolloutRunner:
 
     async def _collect_groups(self, examples, seed: int) -> list[Group]:
         envs = [[self.factory(row) for _ in range(self.group_size)] for _, row in examples]
-        obs = [await asyncio.gather(*(e.reset() for e in group)) for group in envs]
+        obs = [await asyncio.gather(*(_traced("env_reset", e.reset()) for e in group))
+               for group in envs]
         episodes = []
         for (index, row), group, group_obs in zip(examples, envs, obs):
             if any(o.prompt_ids != group_obs[0].prompt_ids for o in group_obs):
@@ -142,13 +150,15 @@ class RolloutRunner:
                               self._params(len(group[0].transcript)), stream_seed(seed, group[0].index))
             for group in episodes
         ]
-        completions = await self.engine.generate(requests)
+        with trace.span(*getattr(self.engine, "span", ("generate", "engine")), turn=0):
+            completions = await self.engine.generate(requests)
         live = [(ep, c) for group, comps in zip(episodes, completions) for ep, c in zip(group, comps)]
         turn = 1
         while live:
             for ep, c in live:
                 ep.transcript.add_policy(c)
-            results = await asyncio.gather(*(ep.env.step(c) for ep, c in live))
+            results = await asyncio.gather(*(_traced("env_step", ep.env.step(c))
+                                             for ep, c in live))
             live = [ep for (ep, c), r in zip(live, results) if self._advance(ep, c, r)]
             if not live:
                 break
@@ -157,7 +167,9 @@ class RolloutRunner:
                                   stream_seed(seed, ep.index, ep.member, turn))
                 for ep in live
             ]
-            live = [(ep, comps[0]) for ep, comps in zip(live, await self.engine.generate(requests))]
+            with trace.span(*getattr(self.engine, "span", ("generate", "engine")), turn=turn):
+                comps_E = await self.engine.generate(requests)
+            live = [(ep, comps[0]) for ep, comps in zip(live, comps_E)]
             turn += 1
         return [self._group(group) for group in episodes]
 

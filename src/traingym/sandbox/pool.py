@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 
+from traingym.observability import trace
 from traingym.sandbox.base import Command, ExecResult, Limits, SandboxError
 
 
@@ -156,7 +157,8 @@ class SandboxPool:
 
     @asynccontextmanager
     async def session(self):
-        sandbox = await self.acquire()
+        with trace.span("sandbox_acquire", cat="wait"):  # the queue wait (utilisation.py)
+            sandbox = await self.acquire()
         try:
             yield sandbox
         finally:
@@ -171,7 +173,8 @@ class SandboxPool:
         limits: Limits | None = None,
     ) -> ExecResult:
         async with self.session() as sandbox:
-            return await sandbox.exec(command, stdin=stdin, files=files, limits=limits)
+            with trace.span("sandbox_exec", cat="sandbox"):
+                return await sandbox.exec(command, stdin=stdin, files=files, limits=limits)
 
     async def warm(self, n: int) -> None:
         """Start sandboxes until n are ready (at most max_size); for benchmarks and tests."""

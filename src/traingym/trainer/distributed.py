@@ -49,6 +49,7 @@ import torch.distributed as dist
 from traingym.algorithms import registry
 from traingym.algorithms.importance import ImportanceSpec
 from traingym.config import Config
+from traingym.observability import trace
 from traingym.trainer.rank import (Rank, RankSpec, build_replica, fqn_optimizer_state,
                                    indexed_optimizer_state, manifest, tied_names,
                                    trainable_names)
@@ -116,7 +117,8 @@ class DistributedTrainer:
                 t, cfg.rollout.temperature, pad_token_id,
                 ImportanceSpec.from_config(cfg), type(model), model.config,
                 manifest(model), [n for n, p in model.named_parameters() if not p.requires_grad],
-                threads, registry.build(cfg))
+                threads, registry.build(cfg), trace.enabled(), trace.shard_dir(),
+                self.placement.driver_node)
             self.handles = self.placement.start(self.spec)
             self._finalizer = weakref.finalize(self, _kill, list(self.handles),
                                                self.placement)
@@ -143,7 +145,9 @@ class DistributedTrainer:
         mine, theirs = self._everyone("step", lambda: self.rank.step(*parts[0], total, denom),
                                       [(g, a, total, denom) for g, a in parts[1:]])
         stats: dict[str, float] = {}
-        for part in (mine, *theirs):
+        for rank, part in enumerate((mine, *theirs)):
+            trace.write_shipped(part.pop("_trace", []), f"rank-{rank}",
+                                self.handles[rank - 1].pid if rank else 0)  # Ray, another node
             for k, v in part.items():
                 if k != "grad_norm":
                     stats[k] = stats.get(k, 0.0) + v

@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from traingym.config import TrainerConfig
+from traingym.observability import trace
 from traingym.trainer.torch_trainer import TorchTrainer
 
 
@@ -64,6 +65,9 @@ class RankSpec:
     frozen: list[str]  # parameters that do not require grad
     threads: int
     algorithm: Any = None  # algorithms/base.py Algorithm (None: GRPO's defaults)
+    trace: bool = False  # record spans (observability/trace.py) ...
+    trace_dir: str | None = None  # ... into this shard folder (None: shipped with step answers)
+    trace_node: str | None = None  # the Ray node that folder is on (None: this machine)
 
 
 def _tensors(model) -> list[tuple[str, torch.Tensor]]:
@@ -174,8 +178,9 @@ class Rank:
             stats = t.accumulate(groups, advantages_G, total_tokens, scale=self.spec.world,
                                  denom=denom)
         ids = torch.tensor([[self.spec.pad_token_id]])
-        logits = t.forward_model(input_ids=ids, use_cache=False).logits
-        (logits.float().sum() * 0.0).backward()  # the sync pass: same collectives on all ranks
+        with trace.span("gradient_sync", cat="trainer"):
+            logits = t.forward_model(input_ids=ids, use_cache=False).logits
+            (logits.float().sum() * 0.0).backward()  # the sync pass: same collectives on all
         return {**stats, "grad_norm": t.clip_and_step()}
 
     @contextlib.contextmanager
@@ -267,6 +272,8 @@ class RankServer:
 
     def __init__(self, spec: RankSpec, rank: int):
         torch.set_num_threads(spec.threads)
+        if spec.trace:
+            trace.start(spec.trace_dir, f"rank-{rank}")
         self.rank = Rank(spec, rank, build_replica(spec))
 
     def handle(self, cmd: str, arg) -> tuple[str, Any]:
@@ -275,7 +282,9 @@ class RankServer:
             if cmd == "join":
                 r.join()
             elif cmd == "step":
-                return "ok", r.step(*arg)
+                with trace.span("rank_step", cat="loop"):
+                    stats = r.step(*arg)
+                return "ok", {**stats, **({"_trace": trace.drain()} if trace.enabled() else {})}
             elif cmd == "export":
                 r.export()  # the weights stay here: rank 0 has gathered them
             elif cmd == "gather":

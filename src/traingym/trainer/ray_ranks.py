@@ -16,6 +16,7 @@ it from its last checkpoint).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import ray
@@ -30,6 +31,8 @@ from traingym.trainer.rank import RankServer, RankSpec, describe
 class RankActor:
     def __init__(self, spec: RankSpec, rank: int):
         self.server, self.error = None, None
+        if spec.trace_node not in (None, ray.get_runtime_context().get_node_id()):
+            spec = dataclasses.replace(spec, trace_dir=None)  # not this node's: ship spans
         try:
             self.server = RankServer(spec, rank)
         except Exception as e:  # answered by started(), with the cause

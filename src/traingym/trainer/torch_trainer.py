@@ -50,6 +50,7 @@ import torch
 from traingym.algorithms.importance import (ImportanceSpec, importance_sums,
                                             importance_weights, mismatch_sums, over_cap)
 from traingym.config import TrainerConfig
+from traingym.observability import trace
 from traingym.precision import autocast_bf16
 from traingym.trainer.logprobs import completion_logprobs
 from traingym.trainer.micro import micro_batches, sequence_logprobs
@@ -114,11 +115,13 @@ class TorchTrainer:
                  "mismatch_abs_logp": 0.0, "mismatch_kl_k3": 0.0}
         chunks = self._chunks(groups, advantages_G)
         rows = [self._rows(chunk) for chunk, _ in chunks]
-        refs = [self._no_grad_logp(self.reference, r) if self.reference is not None else None
-                for r in rows]  # once per batch, before its micro-batches
+        refs = [None] * len(rows)
+        if self.reference is not None:  # once per batch, before its micro-batches
+            with trace.span("reference_logprobs", cat="trainer"):
+                refs = [self._no_grad_logp(self.reference, r) for r in rows]
         token_adv = self._token_advantages(chunks, rows, refs) if algo.token_level else None
         for n, (chunk, advantages) in enumerate(chunks):
-            with self._autocast():
+            with self._autocast(), trace.span("forward", cat="trainer", micro=n):
                 out = self.logprobs(self.forward_model, *rows[n],
                                     **({"entropy_grad": True} if knobs.entropy_coef > 0 else {}))
             mask = out.mask_B_T  # policy tokens only
@@ -143,7 +146,8 @@ class TorchTrainer:
             for k, v in sums.items():
                 stats[k] = stats.get(k, 0.0) + v / total_tokens
             weighted = loss_B_T * algo.token_weights(mask)
-            weighted.sum().mul(scale).div(denom).backward()
+            with trace.span("backward", cat="trainer", micro=n):
+                weighted.sum().mul(scale).div(denom).backward()
             stats["loss"] += float(weighted.detach().sum()) / denom
             stats["kl"] += float((kl_B_T.detach() * mask).sum()) / total_tokens
             stats["entropy"] += float((out.entropy_B_T.detach() * mask).sum()) / total_tokens
@@ -179,10 +183,11 @@ class TorchTrainer:
     def clip_and_step(self) -> float:
         """Clip the gradients' global norm and step, unless that norm is not finite (then
         no update); returns the norm before clipping."""
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                         self.cfg.grad_clip))
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
+        with trace.span("optimizer", cat="trainer"):
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                             self.cfg.grad_clip))
+            if math.isfinite(grad_norm):
+                self.optimizer.step()
         return grad_norm
 
     def _importance(self, trainer_B_T, engine_B_T, mask_B_T, sums: dict) -> torch.Tensor | None:

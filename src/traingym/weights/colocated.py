@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from traingym.observability import trace
 from traingym.weights import registry
 from traingym.weights.base import CODECS, State
 from traingym.weights.sync import Publisher, PublisherConfig, PublishStats, Subscriber
@@ -89,7 +90,8 @@ class ColocatedSync:
         t2 = time.perf_counter()
         verified = self.subscriber.wait_for(version, self.cfg.timeout_s)
         t3 = time.perf_counter()
-        self.engine.update_weights(verified, version)
+        with trace.span("apply", cat="weights", version=version):
+            self.engine.update_weights(verified, version)
         t4 = time.perf_counter()
         after = self.subscriber.stats
         numel = sum(t.numel() for t in wire.values())

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from traingym.observability import trace
 from traingym.weights.base import (CODECS, BaseMismatch, IntegrityError, Payload, PeerDead,
                                    Receiver, Sender, State, TransportTimeout)
 from traingym.weights.codecs import apply  # also fills CODECS
@@ -134,10 +135,12 @@ class Publisher:
             base_version=None if anchor else self.version, base_hash=None if anchor else self.hash)
         payload = seal(Payload(header, payload.buffers))
         encode_s = time.perf_counter() - t0
+        trace.took("encode", "weights", encode_s, codec=header.codec, version=version)
         if anchor:
             self._full_s = encode_s
         t1 = time.perf_counter()
-        self.sender.send(payload)
+        with trace.span("transfer", cat="weights", bytes=payload.nbytes, version=version):
+            self.sender.send(payload)
         send_s = time.perf_counter() - t1
         if payload.nbytes > 1 << 20:
             self._link_s_per_byte = send_s / payload.nbytes
@@ -260,12 +263,15 @@ class Subscriber:
             return False
         self.valid = False  # from here on the tensors may be half-written
         try:
-            new = apply(self._state, p)
+            with trace.span("decode", cat="weights", version=h.target_version, codec=h.codec):
+                new = apply(self._state, p)
         except (IntegrityError, BaseMismatch):
             self.stats.corrupt += 1
             self._ask()
             return False
-        if state_hash(new) != h.target_hash:
+        with trace.span("verify", cat="weights", version=h.target_version):
+            same = state_hash(new) == h.target_hash
+        if not same:
             self.stats.corrupt += 1
             self._ask()
             return False
