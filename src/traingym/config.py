@@ -351,6 +351,13 @@ class Config(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _algorithm_can_run(self) -> Config:
+        from traingym.algorithms import registry
+
+        registry.get(self.algorithm.name).check(self)  # algorithms/base.py: a ValueError
+        return self
+
+    @model_validator(mode="after")
     def _async_needs(self) -> Config:
         if self.mode == "sync" and self.async_.model_fields_set:
             raise ValueError("the 'async' section applies only with mode='async'")
