@@ -13,7 +13,12 @@ An algorithm is one class (one file) plus one line in algorithms/registry.py. It
   data-parallel ranks add up to the same loss as one pass over the whole batch;
 - what it needs from the trainer: `needs_reference` (reference log-probs, computed once per
   batch before its micro-batches), `wants_more` (dynamic sampling: the step body samples more
-  prompts while the batch is short).
+  prompts while the batch is short), `needs_values` (a value head: the trainer keeps one
+  beside the policy, computes values once per batch before the update, passes them to the
+  algorithm's `value_advantages` and adds vf_coef x its `value_loss`; algorithms/ppo.py,
+  trainer/value_head.py);
+- what it refuses (`check(cfg)`, called when the config is built: a ValueError naming the
+  fix).
 
 Shared by every algorithm (the trainer applies them): the KL to the reference as a loss term
 (k1/k2/k3, `kl_estimator`), the entropy bonus (`entropy_coef`), the importance correction
@@ -23,8 +28,8 @@ policy-gradient term.
 `Knobs` holds the resolved `algorithm` section: a key the user left at None takes the
 algorithm's `DEFAULTS`, then the seam's (`BASE_DEFAULTS`).
 
-Not covered: a value model (PPO with GAE is not implemented), several optimizer epochs over a
-batch (the trainer takes one step per batch, so the "old" policy is the trainer's own
+Not covered: a separate critic model (PPO's value is a head on the policy's trunk,
+algorithms/ppo.py), several optimizer epochs over a batch (the trainer takes one step per batch, so the "old" policy is the trainer's own
 detached log-probs and every ratio is 1 in value, so clip ranges never bind in training
 today: `clip_frac` is 0; the engine/trainer gap is the importance correction's), per-token
 advantages across data-parallel ranks (refused).
@@ -57,6 +62,12 @@ class Knobs:
     overlong_filter: bool = False
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
+    gamma: float = 1.0  # value algorithms (ppo): GAE discount
+    lam: float = 0.95  # GAE lambda
+    vf_coef: float = 0.1  # weight of the value loss
+    value_clip: float = 0.2  # value clip around the old value (0: off)
+    whiten_advantages: bool = True
+    value_lr_scale: float = 1.0  # the value head's lr = trainer.lr x this
     max_new_tokens: int = 8  # rollout.max_new_tokens: the length limit of the overlong rules
 
 
@@ -66,6 +77,12 @@ class Algorithm:
     name = "grpo"
     DEFAULTS: dict = {}
     drop_equal_groups = True  # group-relative: all-equal rewards carry no signal
+    needs_values = False  # a value head (algorithms/ppo.py)
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        """Refuse a config this algorithm cannot run (ValueError naming the fix)."""
+        return None
 
     def __init__(self, knobs: Knobs | None = None):
         self.knobs = knobs or self.resolve()

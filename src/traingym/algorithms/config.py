@@ -13,12 +13,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+VALUE_KEYS = {"gamma", "lam", "vf_coef", "value_clip", "whiten_advantages", "value_lr_scale"}
+
 
 class AlgorithmConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     name: str = Field("grpo", description="the RL algorithm (algorithms/registry.py): grpo, "
-                      "dr_grpo, dapo, gspo, cispo, rloo, reinforce_pp, or a 'module:Class' path")
+                      "dr_grpo, dapo, gspo, cispo, rloo, reinforce_pp, ppo, or a 'module:Class' "
+                      "path")
     normalize_std: bool | None = Field(None, description="divide group advantages by the "
                                        "group's std (None: the algorithm's default)")
     clip_low: float | None = Field(None, ge=0, description="ratio clip below 1 (None: the "
@@ -57,6 +60,17 @@ class AlgorithmConfig(BaseModel):
                                                    "one ratio per sequence (product over tokens)")
     is_cap: float = Field(2.0, ge=1.0, description="tis: weights are cut to this; mis: tokens "
                           "(or sequences) with a weight above it get weight 0")
+    # value algorithms (ppo: a value head and GAE, algorithms/ppo.py); refused with others
+    gamma: float = Field(1.0, ge=0, le=1, description="ppo: GAE discount per policy token")
+    lam: float = Field(0.95, ge=0, le=1, description="ppo: GAE lambda (1: returns minus "
+                       "values; 0: one-step TD errors)")
+    vf_coef: float = Field(0.1, ge=0, description="ppo: weight of the value loss in the loss")
+    value_clip: float = Field(0.2, ge=0, description="ppo: the value is clipped to old value "
+                              "+- this in the value loss (0: no clip)")
+    whiten_advantages: bool = Field(True, description="ppo: advantages normalised to mean 0, "
+                                    "std 1 over the batch's policy tokens")
+    value_lr_scale: float = Field(1.0, gt=0, description="ppo: the value head's learning rate "
+                                  "is trainer.lr times this")
 
     @field_validator("name")
     @classmethod
@@ -71,6 +85,13 @@ class AlgorithmConfig(BaseModel):
         if self.kl_coef == 0 and {"kl_estimator", "kl_in"} & self.model_fields_set:
             raise ValueError("algorithm.kl_estimator and kl_in apply only with "
                              "algorithm.kl_coef > 0")
+        value_keys = sorted(VALUE_KEYS & self.model_fields_set)
+        if value_keys:
+            from traingym.algorithms import registry
+
+            if not registry.get(self.name).needs_values:
+                raise ValueError(f"algorithm.{', '.join(value_keys)} apply only to an "
+                                 f"algorithm with a value head (ppo), not {self.name!r}")
         if "max_sample_rounds" in self.model_fields_set and self.dynamic_sampling is False:
             raise ValueError("algorithm.max_sample_rounds applies only with dynamic_sampling")
         return self
