@@ -1,6 +1,6 @@
 """Command line: `traingym train [CONFIG] [--preset P] [--set k=v ...] [--run-dir D] [--resume]`;
 `traingym eval | runs | export` (eval_cli.py), `traingym plan` (plan.py), `traingym serve`
-(serve/), `traingym dashboard` (dashboard/).
+(serve/), `traingym dashboard` (dashboard/), `traingym report` (report.py).
 
 Imports stay light at module level so `traingym --help` answers in well under a second.
 
@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     from traingym.dashboard import add_parser as add_dashboard
 
     add_dashboard(sub)
+    from traingym.report import add_parser as add_report
+
+    add_report(sub)
     eval_cli.add_parsers(sub)
     return p
 
@@ -97,6 +100,10 @@ def _command(args: argparse.Namespace) -> int:
         from traingym.dashboard import main as dashboard
 
         return dashboard(args)
+    if args.command == "report":
+        from traingym.report import main as report
+
+        return report(args)
     if args.command in ("eval", "runs", "export"):
         return eval_cli.run(args)
     if getattr(args, "resume", False) and not args.run_dir:
