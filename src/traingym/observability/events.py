@@ -103,13 +103,18 @@ def tool_calls(turns: list[dict[str, str]]) -> list[dict[str, Any]]:
     return out
 
 
+def _read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSONL file; a last line without its newline is a record still being
+    written by a live run, and is left out."""
+    text = path.read_text()
+    lines = text.split("\n")
+    return [json.loads(ln) for ln in lines[:-1] if ln.strip()]  # lines[-1]: after the last \n
+
+
 def read_events(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "events.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    return _read_jsonl(Path(run_dir) / "events.jsonl")
 
 
 def read_samples(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "samples.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    return _read_jsonl(path) if path.exists() else []
