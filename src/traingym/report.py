@@ -66,6 +66,7 @@ def draw_charts(events: list[dict], out: Path) -> dict[str, Path]:
     """One PNG per chart the run has data for; {chart name: path}."""
     try:
         from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
     except ModuleNotFoundError:
         raise ConfigError("traingym report draws with matplotlib, which is not installed: "
                           "pip install 'traingym[report]'") from None
@@ -87,6 +88,7 @@ def draw_charts(events: list[dict], out: Path) -> dict[str, Path]:
                                 [m + s for m, s in zip(mean, std)], alpha=0.2, label="± std")
         ax.set_title(title)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
