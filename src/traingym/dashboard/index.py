@@ -7,7 +7,9 @@ records go back in step (a resumed run truncates its logs, runlog.truncate_after
 rewrites the steps after its checkpoint) is re-read from the start.
 
 - `EventsIndex` keeps the step records as columns (one list per key, `MISSING` where a record
-  lacks the key), so a series is a list lookup and `after=N` a bisection.
+  lacks the key); a charted key also gets running sums and counts of its numbers (made on its
+  first series, extended after), so a downsampled series costs two subtractions per point, and
+  `after=N` is a bisection.
 - `SamplesIndex` keeps, per sample, the byte offset of its line, its step, reward, sid and the
   lower-cased prompt + completion text that `q` searches; the full record is read back from
   the file by offset. A record without `sid` (runs older than the sid field) gets
@@ -102,6 +104,12 @@ class EventsIndex:
         self.tail = _Tail(self.path)
         self.steps: list[int] = []
         self.columns: dict[str, list] = {}
+        # per charted key (made on its first series): its numeric values (NaN where none),
+        # their prefix sums and counts (length len(steps) + 1): a bucket's mean is two
+        # subtractions
+        self.values: dict[str, array] = {}
+        self.sums: dict[str, array] = {}
+        self.counts: dict[str, array] = {}
         self.bad_lines = 0
         self.resets = getattr(self, "resets", -1) + 1
 
@@ -140,9 +148,23 @@ class EventsIndex:
             if col is None:
                 col = self.columns[key] = [MISSING] * n
             col.append(value)
-        for key, col in self.columns.items():
+        for col in self.columns.values():
             if len(col) == n:
                 col.append(MISSING)
+
+    def _numeric(self, key: str) -> tuple[array, array, array]:
+        """The key's values, prefix sums and counts, brought up to date (made on first use)."""
+        if key not in self.values:
+            self.values[key], self.sums[key], self.counts[key] = \
+                array("d"), array("d", [0.0]), array("q", [0])
+        values, sums, counts = self.values[key], self.sums[key], self.counts[key]
+        col = self.columns[key]
+        for v in col[len(values):]:
+            x = _num(v)
+            values.append(math.nan if x is None else x)
+            sums.append(sums[-1] + (0.0 if x is None else x))
+            counts.append(counts[-1] + (x is not None))
+        return values, sums, counts
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -182,15 +204,12 @@ class EventsIndex:
             col = self.columns.get(key)
             if col is None:
                 out[key] = [None] * len(bounds)
-                continue
-            if bucket == 1:
-                out[key] = [_num(v) for v in col]
-                continue
-            vals = []
-            for a, b in bounds:
-                xs = [x for v in col[a:b] if (x := _num(v)) is not None]
-                vals.append(sum(xs) / len(xs) if xs else None)
-            out[key] = vals
+            elif bucket == 1:
+                out[key] = [None if x != x else x for x in self._numeric(key)[0]]
+            else:
+                _, sums, counts = self._numeric(key)
+                out[key] = [(sums[b] - sums[a]) / k if (k := counts[b] - counts[a]) else None
+                            for a, b in bounds]
         return out
 
 
