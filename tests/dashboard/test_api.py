@@ -217,6 +217,11 @@ def test_trace_and_compare(tmp_path):
     assert t["utilisation"]["engine-0"]["busy_frac"] == 1.0
     assert len(get(c, "/api/runs/a/trace?max_events=2")["spans"]) == 2
     assert get(c, "/api/runs/b/trace")["spans"] == []
+    (tmp_path / "b" / "trace").mkdir()  # a live run's shard with a damaged line
+    (tmp_path / "b" / "trace" / "trainer-9.jsonl").write_text('{"ph": "X", bad\n{}\n')
+    err = get(c, "/api/runs/b/trace", 500)["detail"]
+    assert "trace cannot be read" in err and "trainer-9.jsonl" in err
+    assert str(tmp_path) not in err
 
     cmp = get(c, "/api/compare?runs=a,b&keys=reward_mean")["runs"]
     assert cmp["a"]["step"] == [1, 2, 3] and cmp["b"]["reward_mean"] == [0.01, 0.02]

@@ -46,6 +46,11 @@ class BadRequest(Exception):
     pass
 
 
+class Unreadable(Exception):
+    """A file of the run that exists but cannot be read as its format says (a damaged trace
+    shard); the message names it."""
+
+
 def static_files(folder: Path = STATIC) -> dict[str, Path]:
     """{name: path} of the plain files under `folder` (names are relative, '/'-separated)."""
     if not folder.is_dir():
@@ -165,8 +170,8 @@ def detail(run: Run, run_id: str) -> dict:
                             for v in col[-50:]))
     return {**run.summary(run_id), "config": security.mask(cfg),
             "results": security.mask(read_json(path / "results.json")),
-            "eval_before": read_json(path / "eval_before.json"),
-            "eval_after": read_json(path / "eval_after.json"),
+            "eval_before": security.mask(read_json(path / "eval_before.json")),
+            "eval_after": security.mask(read_json(path / "eval_after.json")),
             "checkpoints": [int(p.name.removeprefix("step_")) for p in
                             committed(path / "checkpoints") if p.name[5:].isdigit()],
             "keys": numeric, "sync": sync_stats(ev), "sandbox": prefixed_stats(ev, "sandbox_"),
@@ -256,7 +261,11 @@ def trace_answer(run: Run, max_events: int) -> dict:
                              for p in parts if p.exists()))
     with run.trace_lock:
         if key != run.trace_key:
-            events = tr.load_trace(run.path, max_events)["traceEvents"]
+            try:
+                events = tr.load_trace(run.path, max_events)["traceEvents"]
+            except ValueError as e:  # a damaged shard or trace.json; relative names only
+                raise Unreadable(f"this run's trace cannot be read: "
+                                 f"{str(e).replace(str(run.path) + '/', '')}") from None
             run.trace, run.trace_key = _spans(events), key
         answer = run.trace
     results = read_json(run.path / "results.json") or {}

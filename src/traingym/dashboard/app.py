@@ -60,6 +60,7 @@ def build_app(root: str | Path, token: str | None = None, hosts: set[str] | None
     app.exception_handler(api.BadRequest)(lambda r, e: error(400, str(e)))
     app.exception_handler(PermissionError)(lambda r, e: error(403, str(e)))
     app.exception_handler(FileChanged)(lambda r, e: error(409, str(e)))
+    app.exception_handler(api.Unreadable)(lambda r, e: error(500, str(e)))
     app.exception_handler(Exception)(
         lambda r, e: error(500, f"internal error ({type(e).__name__}); see the server's log"))
 
