@@ -96,6 +96,9 @@ class Sample:
     loss_mask: list[int] | None = None  # 1 policy token, 0 environment token
     turns: int = 1  # policy turns in the episode
     final_text: str = ""  # the policy's last turn, decoded (single-turn: the completion)
+    env_info: list[dict[str, Any]] = field(default_factory=list)
+    """Per environment step that reported any, the JSON-safe part of its StepResult.info (a
+    code env's sandbox verdict); for logs (samples.jsonl), never for the loss."""
 
     def __post_init__(self):
         if self.loss_mask is None:

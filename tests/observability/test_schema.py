@@ -12,6 +12,7 @@ import traingym
 from traingym.envs.multi_turn import MultiTurnEnv, Reply
 from traingym.observability import schema
 from traingym.observability.events import read_events, read_samples, tool_calls
+from traingym.types import Observation, StepResult
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "events.md"
 
@@ -114,3 +115,27 @@ def test_tool_calls_are_parsed_from_policy_turns_only():
     assert got[1]["turn"] == 2 and "not valid JSON" in got[1]["error"] and len(got) == 2
     assert json.dumps(got)  # JSON-safe
     assert tool_calls([{"role": "policy", "text": "no calls"}]) == []
+
+
+class Judged:
+    """A single-turn env whose verdict comes in StepResult.info, as a code env's does."""
+
+    def __init__(self, example, renderer):
+        self.renderer = renderer
+        self.text = renderer.render(renderer.messages(example))
+
+    async def reset(self):
+        return Observation(self.renderer.encode(self.text), self.text)
+
+    async def step(self, completion):
+        return StepResult(reward=0.5, done=True,
+                          info={"status": "passed", "details": ["1 == 1"], "handle": object()})
+
+
+def test_env_info_reaches_samples_json_safe_part_only(tmp_path):
+    rows = [{"prompt": f"What is {a} + 1?"} for a in range(8)]
+    run_dir, cfg = _run(tmp_path, "info", steps=1, observability={"samples_per_step": 1})
+    traingym.train(cfg, dataset=rows, env=Judged, run_dir=run_dir, progress=False)
+    samples = read_samples(run_dir)
+    assert len(samples) == 4 and all(schema.check_sample(s) == [] for s in samples)
+    assert all(s["env_info"] == [{"status": "passed", "details": ["1 == 1"]}] for s in samples)

@@ -7,7 +7,8 @@ stop the run.
 Samples: `samples_per_step` groups per step (0: none), all G samples of each, with a stable
 `sid` ('<step>-<group index>-<member>'). A multi-turn episode's completion is split into its
 policy and environment turns by the loss mask and decoded turn by turn; tool calls are
-parsed from the policy turns in the Hermes format (ToolTask's default parser). Not covered:
+parsed from the policy turns in the Hermes format (ToolTask's default parser); what the env
+reported in StepResult.info (a code env's sandbox verdict) comes as `env_info`. Not covered:
 tool calls in another parser's format (they stay in the turn text).
 """
 
@@ -65,6 +66,8 @@ class RunLog:
         calls = tool_calls(turns or [{"role": "policy", "text": s.completion_text}])
         if calls:
             out["tool_calls"] = calls
+        if s.env_info:
+            out["env_info"] = s.env_info
         return out
 
     def split_turns(self, s: Sample) -> list[dict[str, str]]:

@@ -123,6 +123,8 @@ SAMPLE_FIELDS = [
     F("tool_calls", "list", "tool calls in the policy's turns, in the Hermes format (ToolTask's "
       "default parser): [{'turn', 'name', 'arguments'} or {'turn', 'error'}]; absent when "
       "none"),
+    F("env_info", "list", "per environment step that reported any, the JSON-safe part of "
+      "StepResult.info (a code env's sandbox verdict: status, details); absent when none"),
 ]
 
 

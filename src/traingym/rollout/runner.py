@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import math
 import threading
 from dataclasses import dataclass
@@ -43,6 +44,19 @@ async def _traced(name: str, call):
     """Await an env call inside its span (each runs as its own task: its own trace lane)."""
     with trace.span(name, cat="env"):
         return await call
+
+
+def json_safe(info: dict[str, Any]) -> dict[str, Any]:
+    """The entries of an env's StepResult.info that JSON can hold (kept for samples.jsonl);
+    others (a Sample, an open handle) are left out."""
+    out = {}
+    for k, v in info.items():
+        try:
+            json.dumps(v)
+        except (TypeError, ValueError):
+            continue
+        out[str(k)] = v
+    return out
 
 
 def stream_seed(*parts: int) -> int:
@@ -69,6 +83,7 @@ class _Episode:
     transcript: Transcript
     reward: float = 0.0
     finish: str | None = None
+    infos: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # json_safe(info)
 
 
 class RolloutRunner:
@@ -181,6 +196,8 @@ class RolloutRunner:
             raise ValueError(f"{where}: env {type(ep.env).__name__} returned reward {r!r}; it "
                              "must be a finite float")
         ep.reward += float(r)
+        if result.info:
+            ep.infos.append(json_safe(result.info))
         if result.done:
             ep.finish = completion.finish_reason
             return False
@@ -204,6 +221,8 @@ class RolloutRunner:
     def _group(self, episodes: list[_Episode]) -> Group:
         samples = [ep.transcript.to_sample(ep.example, self.tokenizer, ep.prompt_text, ep.finish,
                                            ep.reward) for ep in episodes]
+        for sample, ep in zip(samples, episodes):
+            sample.env_info = [i for i in ep.infos if i]
         if self.group_reward is not None:
             for sample, value in zip(samples, score_group(self.group_reward, samples)):
                 sample.reward = value
