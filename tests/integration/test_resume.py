@@ -8,10 +8,11 @@ from safetensors.torch import load_file
 import traingym
 from traingym.observability.events import read_events
 
-# Timings, and the weight sync's choices: a resumed publisher starts a new chain with an
-# anchor, so its codec and bytes differ from the straight run's (the weights do not).
+# Timings (utilisation from the trace included), and the weight sync's choices: a resumed
+# publisher starts a new chain with an anchor, so its codec and bytes differ from the
+# straight run's (the weights do not).
 TIMING = ("seconds_", "tokens_per_s", "gen_tokens_per_s", "elapsed_s", "checkpoint_saved",
-          "sync_")
+          "sync_", "util_", "wait_")
 
 
 def _cfg(steps):

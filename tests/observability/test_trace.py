@@ -155,3 +155,39 @@ def test_union_and_sum_clip_to_the_window():
     assert union_s(spans, 1_500_000, 5_500_000) == 2.0
     assert sum_s(spans, 0, 10_000_000) == 5.0
     assert union_s([], 0, 1) == 0.0
+
+
+def test_engines_that_cannot_write_the_run_dir_ship_their_spans(tmp_path, monkeypatch):
+    """Ray actors on another node get no shard folder: they hold their spans and send them
+    with each result; the trainer writes them as the engine's shard. Here a local engine
+    process is given no folder, as such an actor is."""
+    monkeypatch.setattr(trace, "shard_dir", lambda: None)  # what LocalEngines hands engines
+    cfg = _cfg(steps=2, mode="async", weights={"transport": "tcp"},
+               **{"async": {"engines": 1, "engine_timeout_s": 60.0}})
+    traingym.train(cfg, run_dir=tmp_path / "run", progress=False)
+    spans = check_trace(json.loads((tmp_path / "run" / "trace.json").read_text()))
+    roles = {e["pid"]: e["args"]["name"].split(" ")[0]
+             for e in trace.collect(tmp_path / "run")["traceEvents"]
+             if e["name"] == "process_name"}
+    assert sorted(roles.values()) == ["engine-0", "trainer"]
+    engine = {e["name"] for e in spans if roles[e["pid"]] == "engine-0"}
+    assert {"start", "wait_weights", "generate", "env_step"} <= engine
+
+
+def test_held_spans_drain_once(tmp_path):
+    trace.start(None, "engine-3")
+    try:
+        with trace.span("generate", cat="engine"):
+            pass
+        held = trace.drain()
+        assert trace.drain() == []
+    finally:
+        trace.stop()
+    trace.start(tmp_path / "trace", "trainer")
+    try:
+        trace.write_shipped(held, "engine-3", 4242)
+    finally:
+        trace.stop()
+    doc = check_trace(trace.collect(tmp_path))
+    assert [e["name"] for e in doc] == ["generate"]
+    assert (tmp_path / "trace" / "engine-3-4242.jsonl").exists()

@@ -23,6 +23,10 @@ Runs under multiprocessing `spawn` (cluster/local.py starts it). What it does, i
 5. asked for a report at the end of a run, it waits for the final version and sends the
    engine's `state_hash` (the built-in engine: of its model's own tensors, cast as the trainer
    sends them).
+6. with `observability.trace` it records its phases (start, wait_weights, generate, env and
+   sandbox calls, weight decode/verify/apply) in its own trace shard under the run directory,
+   or, given no folder (a Ray actor on another node), sends them with each result
+   (observability/trace.py).
 It exits when told to (None on the request queue), when the trainer's process is gone, or
 with an ("error", traceback) message and a non-zero exit code when anything raises. Either way
 what its envs kept is closed first: the engine owns its run resources (envs/resources.py: its
@@ -194,7 +198,7 @@ class EngineProcess:
                 "updates": self.updates, **dataclasses.asdict(self.subscriber.stats)}
         held = trace.drain()  # spans of an actor that cannot write the run directory
         if held:
-            meta["trace"] = (self.role, os.getpid(), held)
+            meta["trace"] = (held, self.role, os.getpid())  # trace.write_shipped's arguments
         self.results.put(("group", job.key, groups[0], meta))
 
     async def serve(self) -> None:

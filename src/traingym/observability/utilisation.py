@@ -27,7 +27,8 @@ waits, and `line()` the one printed line.
 Limits: a span is counted once it has ended and its line is read, clipped to the window; an
 engine span still running when a step's record is written counts in the next step for the
 part inside it, so per-step engine figures can lag a little behind. Busy means "inside a
-span of that kind": time in Python between spans counts as idle.
+span of that kind": time in Python between spans counts as idle. A restarted engine is a new
+process; its predecessor counts as idle from its end.
 """
 
 from __future__ import annotations
