@@ -6,6 +6,11 @@ RNG states) and `manifest.json` with the sha256 of every file. It is written int
 folder, every file fsynced, `COMMITTED` written last, then the folder renamed into place. A
 folder without `COMMITTED`, or whose files do not match the manifest, is never loaded. No
 pickles: everything is safetensors or JSON.
+
+`extra` modules are what a trainer trains beside its model (`trainer.extra_modules`, e.g.
+PPO's value head): each is saved as `<name>.safetensors` next to the model, never inside
+model.safetensors (which serve, eval and teachers load as the policy), and loading asks for
+exactly the ones the checkpoint holds.
 """
 
 from __future__ import annotations
@@ -69,7 +74,8 @@ def _join_optimizer(tensors: dict[str, torch.Tensor], scalars: dict) -> dict:
     return {"state": state, "param_groups": scalars["param_groups"]}
 
 
-def save(root: Path, step: int, model, optimizer, loop_state: dict, keep: int) -> Path:
+def save(root: Path, step: int, model, optimizer, loop_state: dict, keep: int,
+         extra: dict | None = None) -> Path:
     """Write checkpoint `step` under root atomically; keep the newest `keep` ones."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
@@ -77,6 +83,8 @@ def save(root: Path, step: int, model, optimizer, loop_state: dict, keep: int) -
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_model(model, str(tmp / "model.safetensors"))
+    for name, module in (extra or {}).items():
+        save_model(module, str(tmp / f"{name}.safetensors"))
     opt_tensors, opt_scalars = _split_optimizer(optimizer.state_dict())
     save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
     (tmp / "optimizer.json").write_text(json.dumps(opt_scalars))
@@ -118,18 +126,41 @@ def verify(folder: Path) -> dict:
     return manifest
 
 
-def load(folder: Path, model, optimizer) -> dict:
-    """Restore model, optimizer and RNG states in place; return the loop state."""
-    verify(folder)
+def load(folder: Path, model, optimizer, extra: dict | None = None) -> dict:
+    """Restore model, optimizer, `extra` modules and RNG states in place; return the loop
+    state."""
+    manifest = verify(folder)
     missing, unexpected = load_model(model, str(folder / "model.safetensors"))
     if missing or unexpected:
         raise CheckpointError(f"{folder}: model keys differ (missing {missing}, unexpected {unexpected})")
+    load_extra(folder, manifest, extra or {})
     scalars = json.loads((folder / "optimizer.json").read_text())
     optimizer.load_state_dict(_join_optimizer(load_file(str(folder / "optimizer.safetensors")), scalars))
     torch.set_rng_state(load_file(str(folder / "rng.safetensors"))["torch"])
     state = json.loads((folder / "state.json").read_text())
     random.setstate(_py_rng_from_json(state["python_rng"]))
     return state
+
+
+def extra_modules(trainer) -> dict:
+    """What `trainer` trains beside its model (`extra_modules`; none when it has no such
+    attribute, e.g. data-parallel trainers)."""
+    return dict(getattr(trainer, "extra_modules", None) or {})
+
+
+def load_extra(folder: Path, manifest: dict, extra: dict) -> None:
+    held = {n.removesuffix(".safetensors") for n in manifest
+            if n.endswith(".safetensors")} - {"model", "optimizer", "rng"}
+    if held != set(extra):
+        raise CheckpointError(
+            f"{folder} holds modules {sorted(held)} beside the model, this run trains "
+            f"{sorted(extra)}: resume with the algorithm that wrote it (a value head is "
+            "saved by algorithm.name='ppo')")
+    for name, module in extra.items():
+        missing, unexpected = load_model(module, str(folder / f"{name}.safetensors"))
+        if missing or unexpected:
+            raise CheckpointError(f"{folder}: {name} keys differ (missing {missing}, "
+                                  f"unexpected {unexpected})")
 
 
 def _py_rng_to_json(state) -> list:

@@ -244,7 +244,8 @@ class Run:
         checkpoint.save(self.run_dir / "checkpoints", step + 1, self.trainer.model,
                         self.trainer.optimizer,
                         {"data_position": self.data.position, **(loop_state or {})},
-                        keep=self.cfg.checkpoint.keep)
+                        keep=self.cfg.checkpoint.keep,
+                        extra=checkpoint.extra_modules(self.trainer))
 
     def stop_if_preempted(self, step: int, saved: bool, loop_state: dict | None = None) -> None:
         """At the end of `step` (its record written): if SIGTERM came, commit a checkpoint of
@@ -366,7 +367,8 @@ def _assemble(cfg, run_dir, resume, inputs, progress, model, tok, engine) -> tup
     if resume:
         saved = checkpoint.committed(run_dir / "checkpoints")
         if saved:
-            state = checkpoint.load(saved[-1], trainer.model, trainer.optimizer)
+            state = checkpoint.load(saved[-1], trainer.model, trainer.optimizer,
+                                    checkpoint.extra_modules(trainer))
             start_step, position = state["step"], state["data_position"]
         log.truncate_after(start_step)
     weights = ColocatedSync(engine, cfg.weights, engine_dtype(cfg.model.engine_dtype),

@@ -136,11 +136,12 @@ def sft_phase(run) -> dict | None:
             if k + 1 == total or (every and (k + 1) % every == 0):
                 checkpoint.save(run.run_dir / "checkpoints", 0, trainer.model, trainer.optimizer,
                                 {"data_position": 0, "phase": "sft", "sft_step": k + 1},
-                                keep=cfg.checkpoint.keep)
+                                keep=cfg.checkpoint.keep,
+                                extra=checkpoint.extra_modules(trainer))
             run.log.event(record)
     finally:
         for g in groups:  # not the loaded values: a checkpoint of the phase holds sft.lr
-            g["lr"] = cfg.trainer.lr
+            g["lr"] = cfg.trainer.lr * g.get("lr_scale", 1.0)  # a value head's group: scaled
     _restart_sync(run)
     if run.inputs.eval_rows and cfg.eval.num_prompts > 0:
         scores = run.evaluate()
