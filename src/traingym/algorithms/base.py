@@ -28,10 +28,11 @@ policy-gradient term.
 `Knobs` holds the resolved `algorithm` section: a key the user left at None takes the
 algorithm's `DEFAULTS`, then the seam's (`BASE_DEFAULTS`).
 
-Not covered: a separate critic model (PPO's value is a head on the policy's trunk,
-algorithms/ppo.py), several optimizer epochs over a batch (the trainer takes one step per batch, so the "old" policy is the trainer's own
-detached log-probs and every ratio is 1 in value, so clip ranges never bind in training
-today: `clip_frac` is 0; the engine/trainer gap is the importance correction's), per-token
+Not covered: a separate critic model (PPO's value is a linear head on the policy's trunk,
+algorithms/ppo.py), several optimizer epochs over a batch (the trainer takes one step per
+batch, so the "old" policy is the trainer's own detached log-probs and every ratio is 1 in
+value, so clip ranges, PPO's value clip included, never bind in training today: `clip_frac`
+is 0; the engine/trainer gap is the importance correction's), per-token
 advantages across data-parallel ranks (refused).
 """
 

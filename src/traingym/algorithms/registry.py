@@ -17,6 +17,7 @@ ALGORITHMS: dict[str, str] = {
     "cispo": "traingym.algorithms.cispo:CISPO",
     "rloo": "traingym.algorithms.rloo:RLOO",
     "reinforce_pp": "traingym.algorithms.reinforce_pp:ReinforcePP",
+    "ppo": "traingym.algorithms.ppo:PPO",
 }
 
 

@@ -62,6 +62,16 @@ STEP_FIELDS = [
     F("is_weight_mean", "float", "mean importance weight (algorithm.is_correction on)"),
     F("is_zero_frac", "float", "fraction of tokens with importance weight 0 (masked)"),
     F("is_capped_frac", "float", "fraction of tokens whose importance weight was capped"),
+    # algorithms with a value head (algorithm.name='ppo', algorithms/ppo.py)
+    F("value_loss", "float", "ppo: value loss 0.5 max((V-R)^2, (V_clip-R)^2), mean over policy "
+      "tokens (before vf_coef)"),
+    F("value_clip_frac", "float", "ppo: fraction of policy tokens whose clipped value term was "
+      "the larger"),
+    F("value_mean", "float", "ppo: mean value-head output V over the batch's policy tokens, "
+      "before the update"),
+    F("value_return_mean", "float", "ppo: mean GAE return (advantage + V) over policy tokens"),
+    F("value_explained_var", "float?", "ppo: 1 - Var(return - V) / Var(return) over policy "
+      "tokens, before the update (null when the returns do not vary)"),
     F("grad_norm", "float", "gradient norm before clipping", True),
     F("trained_tokens", "int", "policy tokens in the loss", True),
     F("lr", "float", "learning rate of the step", True),

@@ -14,6 +14,7 @@ only policy tokens carry loss.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,21 @@ class TokenLogprobs:
     logp_B_T: torch.Tensor  # log-prob of each completion token (0 where masked)
     mask_B_T: torch.Tensor  # 1 for trained (policy) tokens, 0 for env tokens and padding
     entropy_B_T: torch.Tensor  # entropy of the predictive distribution (no grad)
+    # with hidden=True: the last hidden state that predicts each token (the LM head's input)
+    hidden_B_T_H: torch.Tensor | None = None
+
+
+@contextlib.contextmanager
+def lm_head_inputs(model):
+    """Collects the inputs of the model's output layer (its last hidden states, one tensor
+    per forward call) while the block runs."""
+    seen: list[torch.Tensor] = []
+    handle = model.get_output_embeddings().register_forward_hook(
+        lambda module, args, out: seen.append(args[0]))
+    try:
+        yield seen
+    finally:
+        handle.remove()
 
 
 def completion_logprobs(
@@ -37,13 +53,23 @@ def completion_logprobs(
     pad_token_id: int,
     loss_masks: list[list[list[int]]] | None = None,
     entropy_grad: bool = False,
+    hidden: bool = False,
 ) -> TokenLogprobs:
     """Log-probs under softmax(logits / temperature) of completions[p][g] given prompts[p].
 
     Rows come out prompt-major: row p * G_p + g. Every completion must have at least one token.
     `loss_masks[p][g]` (same shape as completions; None: all ones) marks the tokens to train on.
     `entropy_grad`: the entropy keeps its graph (an entropy bonus in the loss); else no grad.
+    `hidden`: also the last hidden state before each token (a value head's input), (B, T, H).
     """
+    if hidden:
+        with lm_head_inputs(model) as seen:
+            out = completion_logprobs(model, prompts, completions, temperature, pad_token_id,
+                                      loss_masks, entropy_grad)
+        ns = torch.tensor([len(c) for c in completions], device=seen[0].device)
+        parts = [seen[0][:, -1:].repeat_interleave(ns, dim=0), *seen[1:]]
+        out.hidden_B_T_H = torch.cat(parts, dim=1)
+        return out
     device = next(model.parameters()).device
     ids_P_L, mask_P_L = left_pad(prompts, pad_token_id, device)
     pos_P_L = (mask_P_L.cumsum(-1) - 1).clamp(min=0)

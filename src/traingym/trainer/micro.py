@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from traingym.padding import left_pad, right_pad
-from traingym.trainer.logprobs import TokenLogprobs
+from traingym.trainer.logprobs import TokenLogprobs, lm_head_inputs
 from traingym.types import Group
 
 
@@ -67,8 +67,15 @@ def micro_batches(groups: list[Group], advantages_G: list[list[float]], groups_p
 
 
 def sequence_logprobs(model, prompts, completions, temperature: float, pad_token_id: int,
-                      loss_masks=None, entropy_grad: bool = False) -> TokenLogprobs:
+                      loss_masks=None, entropy_grad: bool = False,
+                      hidden: bool = False) -> TokenLogprobs:
     """completion_logprobs' result from full rows (prompt + completion), one pass, no cache."""
+    if hidden:
+        with lm_head_inputs(model) as seen:
+            out = sequence_logprobs(model, prompts, completions, temperature, pad_token_id,
+                                    loss_masks, entropy_grad)
+        out.hidden_B_T_H = seen[0][:, :-1]
+        return out
     device = next(model.parameters()).device
     flat = [c for group in completions for c in group]
     if any(len(c) == 0 for c in flat):

@@ -34,6 +34,16 @@ its micro-batches, and serve both the KL term and the KL reward penalty. The ent
 (`algorithm.entropy_coef`) subtracts coef x entropy per token. `loss` is the algorithm's
 loss; `kl`, `entropy`, `clip_frac` are means over policy tokens.
 
+An algorithm with `needs_values` (PPO, algorithms/ppo.py) gets a value head
+(trainer/value_head.py): before the micro-batches, one no-grad pass of the policy over the
+batch gives the values V_old (and the KL when it is a reward penalty), from which the
+algorithm computes per-token advantages and returns (GAE); each micro-batch's pass then
+reads V from the same forward (the LM head's input) and adds vf_coef x the algorithm's value
+loss. The head is trained by this optimizer (a param group of its own), clipped with the
+model's gradients, saved in checkpoints (`extra_modules`) and never exported. Its stats:
+`value_loss`, `value_clip_frac` (per policy token), `value_mean`, `value_return_mean`,
+`value_explained_var` (over the batch's policy tokens, before the update).
+
 A batch in which every group was dropped (all rewards equal within each group) has nothing to
 learn from: the step makes no optimizer update but still counts as a step, and its
 events.jsonl record shows `groups_kept: 0` and `trained_tokens: 0`.
@@ -83,7 +93,16 @@ class TorchTrainer:
             enable({"use_reentrant": False})
             self.logprobs = sequence_logprobs
         self.forward_model = wrap(model) if wrap is not None else model
-        self.optimizer = make_optimizer(model, cfg)
+        self.value_head = None  # algorithms with needs_values (trainer/value_head.py)
+        if algorithm.needs_values:
+            from traingym.trainer.value_head import make_value_head
+
+            self.value_head = make_value_head(model)
+        # trained beside the model, saved in checkpoints (checkpoint.py), never exported
+        self.extra_modules = ({"value_head": self.value_head} if self.value_head is not None
+                              else {})
+        self.optimizer = make_optimizer(model, cfg, self.value_head,
+                                        algorithm.knobs.value_lr_scale)
 
     def _autocast(self):
         device = next(self.model.parameters()).device.type
@@ -119,11 +138,21 @@ class TorchTrainer:
         if self.reference is not None:  # once per batch, before its micro-batches
             with trace.span("reference_logprobs", cat="trainer"):
                 refs = [self._no_grad_logp(self.reference, r) for r in rows]
-        token_adv = self._token_advantages(chunks, rows, refs) if algo.token_level else None
+        targets, token_adv, extra = None, None, {}
+        if self.value_head is not None:  # V_old, GAE: once per batch, before the update
+            from traingym.trainer.value_head import value_targets
+
+            with trace.span("values", cat="trainer"):
+                targets = value_targets(self, chunks, rows, refs)
+            token_adv, extra = targets.advantages, {"hidden": True}
+            stats.update({**targets.stats, "value_loss": 0.0, "value_clip_frac": 0.0})
+        elif algo.token_level:
+            token_adv = self._token_advantages(chunks, rows, refs)
+        if knobs.entropy_coef > 0:
+            extra["entropy_grad"] = True
         for n, (chunk, advantages) in enumerate(chunks):
             with self._autocast(), trace.span("forward", cat="trainer", micro=n):
-                out = self.logprobs(self.forward_model, *rows[n],
-                                    **({"entropy_grad": True} if knobs.entropy_coef > 0 else {}))
+                out = self.logprobs(self.forward_model, *rows[n], **extra)
             mask = out.mask_B_T  # policy tokens only
             adv_B_T = (token_adv[n] if token_adv is not None else torch.tensor(
                 [a for adv in advantages for a in adv], dtype=torch.float32,
@@ -143,6 +172,9 @@ class TorchTrainer:
                     loss_B_T = loss_B_T + knobs.kl_coef * kl_B_T
             if knobs.entropy_coef > 0:
                 loss_B_T = loss_B_T - knobs.entropy_coef * out.entropy_B_T
+            if targets is not None:
+                loss_B_T = loss_B_T + knobs.vf_coef * self._value_loss(out, targets, n, stats,
+                                                                       total_tokens)
             for k, v in sums.items():
                 stats[k] = stats.get(k, 0.0) + v / total_tokens
             weighted = loss_B_T * algo.token_weights(mask)
@@ -153,6 +185,18 @@ class TorchTrainer:
             stats["entropy"] += float((out.entropy_B_T.detach() * mask).sum()) / total_tokens
             stats["clip_frac"] += float((clipped_B_T * mask).sum()) / total_tokens
         return stats
+
+    def _value_loss(self, out, targets, n: int, stats: dict, total_tokens: int):
+        """Per-token value loss of micro-batch n (the algorithm's, e.g. clipped); its stats."""
+        from traingym.trainer.value_head import values_of
+
+        mask = out.mask_B_T
+        v_B_T = values_of(self.value_head, out.hidden_B_T_H, mask)
+        loss_B_T, clipped_B_T = self.algorithm.value_loss(v_B_T, targets.old_values[n],
+                                                          targets.returns[n])
+        stats["value_loss"] += float((loss_B_T.detach() * mask).sum()) / total_tokens
+        stats["value_clip_frac"] += float((clipped_B_T * mask).sum()) / total_tokens
+        return loss_B_T
 
     def _chunks(self, groups, advantages_G) -> list[tuple[list, list]]:
         """The micro-batches (forward/backward passes) over (groups, advantages)."""
@@ -184,8 +228,9 @@ class TorchTrainer:
         """Clip the gradients' global norm and step, unless that norm is not finite (then
         no update); returns the norm before clipping."""
         with trace.span("optimizer", cat="trainer"):
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                             self.cfg.grad_clip))
+            params = [*self.model.parameters(),
+                      *(self.value_head.parameters() if self.value_head is not None else ())]
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
             if math.isfinite(grad_norm):
                 self.optimizer.step()
         return grad_norm
@@ -209,11 +254,17 @@ class TorchTrainer:
         return None
 
 
-def make_optimizer(model, cfg: TrainerConfig) -> torch.optim.Optimizer:
+def make_optimizer(model, cfg: TrainerConfig, value_head=None,
+                   value_lr_scale: float = 1.0) -> torch.optim.Optimizer:
     """AdamW over the trainable parameters, in `model.parameters()` order (a checkpoint's
-    optimizer state is keyed by that order)."""
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                             betas=cfg.betas, weight_decay=cfg.weight_decay, foreach=True)
+    optimizer state is keyed by that order); a value head's parameters after them, in a
+    group of their own with lr x `value_lr_scale` (the group's `lr_scale`)."""
+    groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    if value_head is not None:
+        groups.append({"params": list(value_head.parameters()), "lr": cfg.lr * value_lr_scale,
+                       "lr_scale": value_lr_scale})
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas,
+                             weight_decay=cfg.weight_decay, foreach=True)
 
 
 def engine_logprobs(groups, like_B_T: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,143 @@
+"""PPO with a value head and GAE: per-token advantages from a learned value, as in RLHF PPO.
+
+Papers: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (arXiv:1707.06347);
+GAE: Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage
+Estimation" (arXiv:1506.02438); for language models Ouyang et al. 2022 (InstructGPT) and
+Stiennon et al. 2020. Config: `algorithm.name = "ppo"`, knobs `gamma`, `lam`, `vf_coef`,
+`value_clip`, `whiten_advantages`, `value_lr_scale` (algorithms/config.py).
+
+Per sample, over its policy tokens t = 0..n-1 (environment tokens of a multi-turn sample are
+skipped: the policy tokens, in order, are the sequence GAE runs over, so an environment turn
+is neither a step nor a discount): the token reward is the sample's (shaped) reward at its
+last policy token, minus kl_coef x KL_t on every policy token when `kl_in = "reward"`;
+delta_t = r_t + gamma V_{t+1} - V_t (V_n = 0), A_t = delta_t + gamma lam A_{t+1};
+returns R_t = A_t + V_t. V_t is the value head's output at the state before token t, computed
+once per batch by a no-grad pass of the policy before the update (trainer/value_head.py),
+like the reference log-probs. Advantages are whitened over every policy token of the batch
+(`whiten_advantages`, population std) after the returns are taken. Loss per policy token:
+PPO's clipped surrogate plus vf_coef x 0.5 max((V - R)^2, (V_clip - R)^2), V_clip = V_old +
+clip(V - V_old, -value_clip, value_clip) (value_clip 0: plain 0.5 (V - R)^2), token-level
+averaging over the batch. Groups are not needed (none are dropped; group_size may be > 1).
+
+Defaults as TRL's PPO (legacy PPOTrainer with AutoModelForCausalLMWithValueHead: gamma 1,
+lam 0.95, cliprange 0.2, cliprange_value 0.2, vf_coef 0.1, advantages whitened).
+
+Departures: the value is a linear head (hidden -> 1, zero-initialised, so V = 0 at first)
+on the policy's last hidden state, a shared trunk trained by the value loss too (as TRL's
+value-head model), not a separate critic model as in InstructGPT, OpenRLHF and verl; it is
+trained by the policy's optimizer (its learning rate times `value_lr_scale`), not a critic
+optimizer of its own. One optimizer step per batch (no PPO epochs or minibatches: the
+trainer takes one), so in training the ratio is 1 and V = V_old in value and neither clip
+binds (`clip_frac` and `value_clip_frac` are 0); both are tested off-policy on hand values.
+No adaptive KL controller. Refused: trainer.data_parallel > 1 (GAE and whitening need the
+whole batch in one process), lora.rank > 0 and distill.teacher (not covered).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from traingym.algorithms.base import Algorithm
+
+
+def gae(rewards_B_T: torch.Tensor, values_B_T: torch.Tensor, mask_B_T: torch.Tensor,
+        gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns), both (B, T) and 0 off the mask. Each row's masked-in tokens,
+    in order, are one episode (tokens with mask 0 between them are skipped, not steps); the
+    value after a row's last masked-in token is 0."""
+    B, T = mask_B_T.shape
+    keep = mask_B_T > 0
+    # masked-in positions first, in order: a stable sort of (not kept)
+    order_B_T = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices
+    r = rewards_B_T.gather(1, order_B_T)
+    v = values_B_T.gather(1, order_B_T)
+    m = keep.gather(1, order_B_T).to(v.dtype)
+    adv = torch.zeros_like(v)
+    next_adv, next_v = v.new_zeros(B), v.new_zeros(B)
+    for t in range(T - 1, -1, -1):
+        delta = r[:, t] + gamma * next_v - v[:, t]
+        adv[:, t] = (delta + gamma * lam * next_adv) * m[:, t]
+        next_adv, next_v = adv[:, t], v[:, t] * m[:, t]
+    out_adv = torch.zeros_like(adv).scatter(1, order_B_T, adv)
+    returns = (out_adv + values_B_T) * keep.to(v.dtype)
+    return out_adv, returns
+
+
+def clipped_value_loss(values_B_T: torch.Tensor, old_values_B_T: torch.Tensor,
+                       returns_B_T: torch.Tensor, clip: float
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(per-token 0.5 max((V - R)^2, (V_clip - R)^2), where the clipped term was the larger),
+    V_clip = V_old + clip(V - V_old, -clip, clip); clip 0: 0.5 (V - R)^2, nothing clipped."""
+    plain = (values_B_T - returns_B_T) ** 2
+    if clip <= 0:
+        return 0.5 * plain, torch.zeros_like(plain)
+    v_clip = old_values_B_T + (values_B_T - old_values_B_T).clamp(-clip, clip)
+    clipped = (v_clip - returns_B_T) ** 2
+    return 0.5 * torch.maximum(plain, clipped), (clipped > plain).float()
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float | None:
+    """1 - Var(R - V) / Var(R) over the given (flat) tokens; None when Var(R) is 0."""
+    if returns.numel() < 2 or float(returns.var(unbiased=False)) == 0.0:
+        return None
+    return float(1 - (returns - values).var(unbiased=False) / returns.var(unbiased=False))
+
+
+class PPO(Algorithm):
+    name = "ppo"
+    DEFAULTS = {"clip_low": 0.2, "clip_high": 0.2}
+    drop_equal_groups = False  # the value is the baseline: groups carry no special meaning
+    needs_values = True
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        if cfg.trainer.data_parallel > 1:
+            raise ValueError("algorithm.name='ppo' computes GAE and whitens advantages over "
+                             "the whole batch in one process: set trainer.data_parallel = 1")
+        if cfg.lora.rank > 0:
+            raise ValueError("algorithm.name='ppo' with lora.rank > 0 is not covered (the "
+                             "value head trains beside the full model): set lora.rank = 0")
+        if cfg.distill.teacher is not None:
+            raise ValueError("algorithm.name='ppo' with distill.teacher is not covered: "
+                             "distillation has its own step; drop one of them")
+
+    @property
+    def token_level(self) -> bool:
+        return True  # GAE: per-token advantages from the trainer's pass
+
+    def batch_advantages(self, rewards, groups):
+        """The shaped rewards themselves: GAE turns them into per-token advantages in the
+        trainer's pass (`Batch.advantages_G` holds rewards for PPO)."""
+        return rewards
+
+    def value_advantages(self, parts) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """parts: per micro-batch (reward_B, kl_B_T, values_B_T, mask_B_T) -> (advantages_B_T,
+        returns_B_T) per micro-batch: GAE over each sample's policy tokens, then (optionally)
+        advantages whitened over every policy token of the batch."""
+        k = self.knobs
+        advs, rets = [], []
+        for reward_B, kl_B_T, values_B_T, mask_B_T in parts:
+            r_B_T = -k.kl_coef * kl_B_T * mask_B_T
+            last = last_index(mask_B_T)
+            r_B_T[torch.arange(len(last)), last] += reward_B.to(r_B_T.dtype)
+            adv, ret = gae(r_B_T, values_B_T * mask_B_T, mask_B_T, k.gamma, k.lam)
+            advs.append(adv)
+            rets.append(ret)
+        if k.whiten_advantages:
+            flat = torch.cat([a[m > 0] for a, (_, _, _, m) in zip(advs, parts)])
+            mean, std = flat.mean(), flat.std(unbiased=False)
+            advs = [(a - mean) / (std + 1e-8) * (m > 0) for a, (_, _, _, m) in zip(advs, parts)]
+        return advs, rets
+
+    def value_loss(self, values_B_T, old_values_B_T, returns_B_T):
+        return clipped_value_loss(values_B_T, old_values_B_T, returns_B_T, self.knobs.value_clip)
+
+
+def last_index(mask_B_T: torch.Tensor) -> torch.Tensor:
+    """Position of each row's last masked-in token (every row needs one)."""
+    T = mask_B_T.shape[1]
+    pos = torch.arange(T, device=mask_B_T.device).expand_as(mask_B_T)
+    last = torch.where(mask_B_T > 0, pos, torch.full_like(pos, -1)).max(dim=1).values
+    if bool((last < 0).any()):
+        raise ValueError("ppo: a sample without policy tokens has nowhere to put its reward")
+    return last
