@@ -19,8 +19,6 @@ import json
 import math
 from pathlib import Path
 
-from traingym.config import ConfigError
-from traingym.observability.events import read_events, read_samples
 
 # chart name -> (title, keys drawn); a chart is drawn when the run has one of its keys
 CHARTS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -64,6 +62,8 @@ def _series(events: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 def draw_charts(events: list[dict], out: Path) -> dict[str, Path]:
     """One PNG per chart the run has data for; {chart name: path}."""
+    from traingym.config import ConfigError
+
     try:
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
@@ -99,6 +99,8 @@ def draw_charts(events: list[dict], out: Path) -> dict[str, Path]:
 
 
 def _read_json(path: Path) -> dict | None:
+    from traingym.config import ConfigError
+
     if not path.exists():
         return None
     try:
@@ -193,6 +195,9 @@ def render_html(run_dir: Path, config: dict, events: list[dict], samples: list[d
 
 def write_report(run_dir: Path, out: Path | None = None) -> Path:
     """Write the charts and report.html; returns the output folder."""
+    from traingym.config import ConfigError  # late: `traingym --help` imports this module
+    from traingym.observability.events import read_events, read_samples
+
     if not (run_dir / "events.jsonl").is_file():
         raise FileNotFoundError(f"{run_dir} holds no events.jsonl: not a run directory "
                                 "(give the folder a run wrote, e.g. runs/arith-20260101-120000)")
