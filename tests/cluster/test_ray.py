@@ -24,6 +24,7 @@ more than one engine, a killed node, sandbox worker or trainer rank actor.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -346,3 +347,11 @@ def test_async_run_with_a_data_parallel_trainer_on_ray(two_nodes, tmp_path):
     assert len(trained) == len(set(trained))
     final = result.final_metrics["async_final_weights"]
     assert final[0]["version"] == steps and final[0]["node"] != final[0]["trainer_node"]
+    # the trace has spans from every process: rank 1 (the driver's node) wrote its own shard,
+    # the engine (the other node) shipped its spans back with its results
+    events = json.loads((tmp_path / "run" / "trace.json").read_text())["traceEvents"]
+    roles = {e["pid"]: e["args"]["name"].split(" ")[0] for e in events
+             if e["name"] == "process_name"}
+    spans = {(roles[e["pid"]], e["name"]) for e in events if e["ph"] == "X"}
+    assert sorted(roles.values()) == ["engine-0", "rank-1", "trainer"]
+    assert {("trainer", "train_step"), ("rank-1", "backward"), ("engine-0", "generate")} <= spans
