@@ -165,30 +165,32 @@ def _keys(text: str, what: str = "keys") -> list[str]:
 def detail(run: Run, run_id: str) -> dict:
     ev, path = run.events, run.path
     cfg = read_json(path / "config.json") or {}
-    numeric = sorted(k for k, col in ev.columns.items()
-                     if any(isinstance(v, (int, float)) and not isinstance(v, bool)
-                            for v in col[-50:]))
+    with ev.lock:  # the per-key sums are extended here
+        numeric = sorted(k for k, col in ev.columns.items()
+                         if any(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                for v in col[-50:]))
+        stats = {"sync": sync_stats(ev), "sandbox": prefixed_stats(ev, "sandbox_"),
+                 "bad_lines": {"events": ev.bad_lines}}
     return {**run.summary(run_id), "config": security.mask(cfg),
             "results": security.mask(read_json(path / "results.json")),
             "eval_before": security.mask(read_json(path / "eval_before.json")),
             "eval_after": security.mask(read_json(path / "eval_after.json")),
             "checkpoints": [int(p.name.removeprefix("step_")) for p in
                             committed(path / "checkpoints") if p.name[5:].isdigit()],
-            "keys": numeric, "sync": sync_stats(ev), "sandbox": prefixed_stats(ev, "sandbox_"),
-            "bad_lines": {"events": ev.bad_lines}}
+            "keys": numeric, **stats}
 
 
 def sync_stats(ev: EventsIndex) -> dict:
     """Weight sync over the run: bytes sent vs full size, seconds per phase, codecs used."""
-    sent, full = ev.numbers("sync_bytes"), ev.numbers("sync_full_bytes")
+    (sent, syncs), (full, _) = ev.total("sync_bytes"), ev.total("sync_full_bytes")
     codecs: dict[str, int] = {}
     for v in ev.columns.get("sync_codec", ()):
         if isinstance(v, str):
             codecs[v] = codecs.get(v, 0) + 1
-    seconds = {k: _mean(ev.numbers(k)) for k in sorted(ev.columns)
+    seconds = {k: _mean(*ev.total(k)) for k in sorted(ev.columns)
                if k.startswith("sync_") and k.endswith("_s")}
-    return {"syncs": len(sent), "bytes_total": sum(sent), "full_bytes_total": sum(full),
-            "ratio": sum(sent) / sum(full) if sum(full) else None, "seconds_mean": seconds,
+    return {"syncs": syncs, "bytes_total": _int(sent), "full_bytes_total": _int(full),
+            "ratio": sent / full if full else None, "seconds_mean": seconds,
             "codecs": codecs, "last": {k: ev.last(k) for k in sorted(ev.columns)
                                        if k.startswith("sync_")}}
 
@@ -197,14 +199,17 @@ def prefixed_stats(ev: EventsIndex, prefix: str) -> dict:
     """{key: {'last', 'mean', 'max'}} of the numeric keys starting with `prefix`."""
     out = {}
     for k in sorted(ev.columns):
-        xs = ev.numbers(k) if k.startswith(prefix) else []
-        if xs:
-            out[k] = {"last": ev.last(k), "mean": _mean(xs), "max": max(xs)}
+        if k.startswith(prefix) and (t := ev.total(k))[1]:
+            out[k] = {"last": ev.last(k), "mean": _mean(*t), "max": ev.maximum(k)}
     return out
 
 
-def _mean(xs: list[float]):
-    return sum(xs) / len(xs) if xs else None
+def _int(x: float):
+    return int(x) if x.is_integer() else x
+
+
+def _mean(total: float, count: int):
+    return total / count if count else None
 
 
 def sample_item(rec: dict, sid: str) -> dict:

@@ -7,9 +7,10 @@ records go back in step (a resumed run truncates its logs, runlog.truncate_after
 rewrites the steps after its checkpoint) is re-read from the start.
 
 - `EventsIndex` keeps the step records as columns (one list per key, `MISSING` where a record
-  lacks the key); a charted key also gets running sums and counts of its numbers (made on its
-  first series, extended after), so a downsampled series costs two subtractions per point, and
-  `after=N` is a bisection.
+  lacks the key); a key that is charted or summed also gets running sums and counts of its
+  numbers (made on first use, extended after), so a downsampled series costs two subtractions
+  per point, a total one lookup, and `after=N` is a bisection. Callers hold `lock` while they
+  read.
 - `SamplesIndex` keeps, per sample, the byte offset of its line, its step, reward, sid and the
   lower-cased prompt + completion text that `q` searches; the full record is read back from
   the file by offset. A record without `sid` (runs older than the sid field) gets
@@ -187,10 +188,17 @@ class EventsIndex:
                 return v
         return None
 
-    def numbers(self, key: str) -> list[float]:
-        """The key's numeric values (records without it, or with a non-number, left out)."""
-        return [v for v in self.columns.get(key, ())
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    def total(self, key: str) -> tuple[float, int]:
+        """(sum, count) of the key's numeric values (records without it, or with a
+        non-number, left out)."""
+        if key not in self.columns:
+            return 0.0, 0
+        _, sums, counts = self._numeric(key)
+        return sums[-1], counts[-1]
+
+    def maximum(self, key: str) -> float | None:
+        return max((x for x in self._numeric(key)[0] if x == x), default=None) \
+            if key in self.columns else None
 
     def series(self, keys: list[str], max_points: int) -> dict[str, list]:
         """{'step': [...], key: [...]} with at most `max_points` points: the steps fall in
