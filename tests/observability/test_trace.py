@@ -191,3 +191,39 @@ def test_held_spans_drain_once(tmp_path):
     doc = check_trace(trace.collect(tmp_path))
     assert [e["name"] for e in doc] == ["generate"]
     assert (tmp_path / "trace" / "engine-3-4242.jsonl").exists()
+
+
+def test_sandbox_calls_and_their_queue_wait_are_traced(tmp_path):
+    """Four code runs through a one-sandbox pool: each has its acquire (queue wait) and exec
+    span on its own lane; the waits show in the utilisation keys."""
+    from prereq import require_sandbox
+
+    from traingym.observability.utilisation import Spans, window
+    from traingym.sandbox import Limits, open_sandbox
+    from traingym.sandbox.pool import SandboxPool
+
+    limits = Limits(cpu_s=2, wall_s=10, memory_bytes=256 << 20, processes=32,
+                    file_bytes=16 << 20, output_bytes=1 << 20)
+    require_sandbox("process", limits)
+
+    async def main():
+        pool = SandboxPool(lambda: open_sandbox("process", limits), max_size=1)
+        try:
+            return await asyncio.gather(*(pool.exec(f"print({i})") for i in range(4)))
+        finally:
+            await pool.close()
+
+    a = trace.now_us()
+    trace.start(tmp_path / "trace", "engine-0")
+    try:
+        results = asyncio.run(main())
+    finally:
+        trace.stop()
+    assert all(r.ok for r in results)
+    spans = check_trace(trace.collect(tmp_path))
+    assert sorted(e["name"] for e in spans) == ["sandbox_acquire"] * 4 + ["sandbox_exec"] * 4
+    sp = Spans(tmp_path)
+    sp.read()
+    keys = window(sp, a, trace.now_us())
+    assert keys["wait_sandbox_queue_s"] > 0.0  # three of the four waited for the one sandbox
+    assert keys["util_engines_busy"] is not None and keys["util_engines_busy"] == 0.0
