@@ -55,10 +55,10 @@ STEP_FIELDS = [
     F("kl", "float", "KL estimate to the reference policy (0 without one)", True),
     F("entropy", "float", "mean token entropy of the policy on the batch", True),
     F("clip_frac", "float", "fraction of tokens whose ratio was clipped", True),
-    F("mismatch_abs_logp", "float", "mean |trainer logp - engine logp| over policy tokens "
-      "(train/inference mismatch)", True),
-    F("mismatch_kl_k3", "float", "k3 KL estimate between engine and trainer token "
-      "distributions", True),
+    F("mismatch_abs_logp", "float?", "mean |trainer logp - engine logp| over policy tokens "
+      "(train/inference mismatch); null on a step that trained on nothing", True),
+    F("mismatch_kl_k3", "float?", "k3 KL estimate between engine and trainer token "
+      "distributions; null on a step that trained on nothing", True),
     F("is_weight_mean", "float", "mean importance weight (algorithm.is_correction on)"),
     F("is_zero_frac", "float", "fraction of tokens with importance weight 0 (masked)"),
     F("is_capped_frac", "float", "fraction of tokens whose importance weight was capped"),
