@@ -171,7 +171,8 @@ def check_sample(record: dict) -> list[str]:
 
 def _table(fields: list[Field]) -> str:
     rows = ["| key | type | required | meaning |", "|---|---|---|---|"]
-    rows += [f"| `{f.name}` | {f.type} | {'yes' if f.required else ''} | {f.meaning} |"
+    rows += [f"| `{f.name}` | {f.type} | {'yes' if f.required else ''} | "
+             f"{f.meaning.replace('|', chr(92) + '|')} |"
              for f in fields]
     return "\n".join(rows)
 
