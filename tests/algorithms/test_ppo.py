@@ -287,3 +287,29 @@ def test_gradient_checkpointing_path_gives_the_same_ppo_gradients(model):
         grads.append(torch.cat([p.grad.flatten() for p in [*t.model.parameters(),
                                                             *t.value_head.parameters()]]))
     assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+
+
+def test_kl_in_reward_reaches_the_gae_returns_through_the_trainer(model):
+    from traingym.trainer.logprobs import completion_logprobs
+
+    knobs = {"whiten_advantages": False, "lam": 1.0, "gamma": 1.0}
+    t = _trainer(model, kl_coef=0.5, kl_in="reward", kl_estimator="k1", **knobs)
+    with torch.no_grad():
+        for p in t.reference.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    plain = _trainer(model, **knobs)
+    batch = _batch()
+    got = []
+    for tr in (t, plain):
+        chunks = tr._chunks(batch.groups, batch.advantages_G)
+        rows = [tr._rows(c) for c, _ in chunks]
+        refs = ([tr._no_grad_logp(tr.reference, r) for r in rows] if tr.reference is not None
+                else [None] * len(rows))
+        got.append(value_targets(tr, chunks, rows, refs).returns)
+    with torch.no_grad():  # group 2: k1 KL per policy token, its return-to-go over them
+        pol = completion_logprobs(model, [PROMPTS[1]], [COMPS[1]], 1.0, 0, [MASKS[1]])
+        ref = completion_logprobs(t.reference, [PROMPTS[1]], [COMPS[1]], 1.0, 0, [MASKS[1]])
+    kl = (pol.logp_B_T - ref.logp_B_T) * pol.mask_B_T
+    rtg = kl.flip(-1).cumsum(-1).flip(-1) * pol.mask_B_T
+    assert kl.abs().sum() > 0
+    assert torch.allclose(got[0][1] - got[1][1], -0.5 * rtg, atol=1e-5)
