@@ -54,7 +54,9 @@ def step_record(step: int) -> dict:
             "seconds_rollout": 0.9, "seconds_train": 0.5, "seconds_sync": 0.1,
             "sync_bytes": 400_000 if step % 4 else 1_600_000, "sync_full_bytes": 1_600_000,
             "sync_codec": "delta" if step % 4 else "full", "sync_encode_s": 0.05,
-            "sync_apply_s": 0.02, "sandbox_wait_s": 0.01 * (step % 3), "sandbox_failures": step % 2}
+            "sync_apply_s": 0.02, "util_trainer_busy": 0.6, "util_engines_busy": 0.3,
+            "wait_trainer_on_rollout_s": 0.8, "wait_sandbox_queue_s": 0.01 * (step % 3),
+            "util_env_s": 0.2, "sandbox_failures": step % 2}
 
 
 def sample_records() -> list[dict]:
@@ -65,13 +67,13 @@ def sample_records() -> list[dict]:
                 "completion": XSS, "reward": 0.0})
     out.append({"sid": "tool", "step": 3, "prompt": "Run the tests", "completion": "done",
                 "reward": 1.0,
-                "messages": [{"role": "user", "content": "Run the tests"},
-                             {"role": "assistant", "content": "calling run_tests"},
-                             {"role": "tool", "content": "2 passed"}],
-                "tool_calls": [{"name": "run_tests", "arguments": {"path": "tests/"},
-                                "result": "2 passed"}],
-                "sandbox_results": [{"exit_code": 0, "seconds": 0.12, "stdout": "2 passed\n",
-                                     "stderr": ""}]})
+                # samples.jsonl's multi-turn fields (docs/events.md)
+                "messages": [{"role": "policy", "text": "<tool_call>run_tests</tool_call>"},
+                             {"role": "env", "text": "2 passed"},
+                             {"role": "policy", "text": "done"}],
+                "tool_calls": [{"turn": 1, "name": "run_tests", "arguments": {"path": "tests/"}},
+                               {"turn": 2, "error": "no JSON object in <tool_call>"}],
+                "env_info": [{"status": "pass", "details": "2 passed in 0.12s"}]})
     return out
 
 
@@ -245,8 +247,8 @@ def test_run_page_draws_charts_and_grows_live(server, page):
     # predicates are functions, not expression strings: the page's CSP forbids eval
     page.wait_for_function(POINTS_AT_LEAST, arg=["reward", 5])
     for chart in ("reward", "loss", "kl", "entropy", "lengths", "throughput",
-                  "mismatch_abs_logp", "mismatch_kl_k3", "sync_bytes", "sync_ratio",
-                  "sandbox_wait_s"):
+                  "mismatch_abs_logp", "mismatch_kl_k3", "utilisation", "waits", "sync_bytes",
+                  "sync_ratio", "sandbox_wait", "env_seconds", "sandbox_failures"):
         assert page.locator(f'[data-chart="{chart}"]').is_visible(), chart
         assert page.locator(f'[data-chart="{chart}"] canvas').count() == 1, chart
     # only the keys the run has: a sync run records no staleness
@@ -288,8 +290,9 @@ def test_sample_shows_turns_tool_calls_and_sandbox_results(server, page):
     detail = page.locator('#sample-detail[data-sid="tool"]')
     detail.wait_for()
     text = detail.text_content()
-    for part in ("Environment turns (3)", "Tool calls (1)", "run_tests", "Sandbox results (1)",
-                 "2 passed"):
+    for part in ("Turns, policy and environment (3)", "Tool calls (2)", "run_tests (policy turn 1)",
+                 "no JSON object in <tool_call>", "Environment and sandbox results (1)",
+                 "2 passed in 0.12s"):
         assert part in text, part
     # filters: rewards >= 1 only
     page.fill('input[name="min_reward"]', "1")

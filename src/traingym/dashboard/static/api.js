@@ -29,7 +29,7 @@ export const api = {
     getJSON(`/api/runs/${enc(id)}/series`, { keys: keys.join(","), max_points: maxPoints }),
   samples: (id, filters) => getJSON(`/api/runs/${enc(id)}/samples`, filters),
   sample: (id, sid) => getJSON(`/api/runs/${enc(id)}/samples/${enc(sid)}`),
-  trace: (id, maxEvents = 200000) => getJSON(`/api/runs/${enc(id)}/trace`, { max_events: maxEvents }),
+  trace: (id, maxEvents = 50000) => getJSON(`/api/runs/${enc(id)}/trace`, { max_events: maxEvents }),
   compare: (ids, keys) => getJSON("/api/compare", { runs: ids.join(","), keys: keys.join(",") }),
   evals: () => getJSON("/api/evals"),
   evalOne: (id) => getJSON(`/api/evals/${enc(id)}`),

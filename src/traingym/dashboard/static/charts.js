@@ -33,6 +33,11 @@ export const TRAINING_CHARTS = [
   { id: "seconds", title: "Seconds per step", series: [
     { key: "seconds_step", label: "step" }, { key: "seconds_rollout", label: "rollout" },
     { key: "seconds_train", label: "train" }, { key: "seconds_sync", label: "sync" }] },
+  { id: "utilisation", title: "Busy fraction of the step", series: [
+    { key: "util_trainer_busy", label: "trainer" }, { key: "util_engines_busy", label: "engines" }] },
+  { id: "waits", title: "Waits (seconds per step)", series: [
+    { key: "wait_trainer_on_rollout_s", label: "trainer on rollouts" },
+    { key: "wait_engines_on_weights_s", label: "engines on weights" }] },
   { id: "grad_norm", title: "Gradient norm", series: [{ key: "grad_norm", label: "grad norm" }] },
   { id: "clip_frac", title: "Clipped fraction", series: [{ key: "clip_frac", label: "clip frac" }] },
 ];
@@ -47,6 +52,15 @@ export const SYNC_CHARTS = [
     { key: "seconds_sync", label: "total" }, { key: "sync_encode_s", label: "encode" },
     { key: "sync_send_s", label: "send" }, { key: "sync_apply_s", label: "apply" },
     { key: "sync_engine_s", label: "engine" }, { key: "sync_publish_s", label: "publish" }] },
+];
+
+// Sandboxes and environments (docs/observability.md, "Trace and utilisation"); any other
+// numeric key starting with SANDBOX_PREFIX gets a chart of its own (run.js).
+export const SANDBOX_CHARTS = [
+  { id: "sandbox_wait", title: "Sandbox queue wait (seconds per step)", series: [
+    { key: "wait_sandbox_queue_s", label: "warm-pool wait" }] },
+  { id: "env_seconds", title: "Environment calls (seconds per step, summed)", series: [
+    { key: "util_env_s", label: "env calls" }] },
 ];
 
 export const SANDBOX_PREFIX = "sandbox_";
@@ -66,16 +80,25 @@ function seriesValue(s, get) {
   return number(s.fn ? s.fn(get) : get(s.key));
 }
 
+// the y axis as wide as its longest tick label
+function axisWidth(u, values) {
+  const longest = Math.max(0, ...(values || []).map((v) => String(v).length));
+  return Math.max(40, longest * 7 + 18);
+}
+
 function chartOptions(spec, width, labels, colors) {
   const format = spec.format || ((v) => fmt(v, 3));
   return {
     width, height: 220,
     legend: { live: true },
     cursor: { drag: { x: true, y: false } },
-    scales: { x: { time: false } },
+    // a flat series (a KL of 0) gets a band around its value, not uPlot's 0..100
+    scales: { x: { time: false }, y: { range: (u, min, max) => (min === max
+      ? [min - (Math.abs(min) || 1) * 0.5, max + (Math.abs(max) || 1) * 0.5]
+      : uPlot.rangeNum(min, max, 0.1, true)) } },
     axes: [
       { label: "step", grid: { stroke: "#eee" } },
-      { grid: { stroke: "#eee" }, size: 64, values: (u, ticks) => ticks.map((t) => format(t)) },
+      { grid: { stroke: "#eee" }, size: axisWidth, values: (u, ticks) => ticks.map((t) => format(t)) },
     ],
     series: [{ label: "step" }, ...labels.map((label, i) => ({
       label, stroke: colors[i % colors.length], width: 1.5, spanGaps: true,

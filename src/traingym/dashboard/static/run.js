@@ -3,7 +3,7 @@
 // the new steps in place (no reload). #view carries data-last-step for the browser tests.
 
 import { api } from "/static/api.js";
-import { Board, SANDBOX_PREFIX, SYNC_CHARTS, TRAINING_CHARTS, specKeys } from "/static/charts.js";
+import { Board, SANDBOX_CHARTS, SANDBOX_PREFIX, SYNC_CHARTS, TRAINING_CHARTS, specKeys } from "/static/charts.js";
 import { el, fmt, fmtBytes, kvTable, section, setCrumbs, showError } from "/static/dom.js";
 import { samplesView } from "/static/samples.js";
 import { timelineView } from "/static/timeline.js";
@@ -92,24 +92,20 @@ export async function runView(view, id) {
   const syncTable = syncStats(info.sync);
   const sandboxTable = sandboxStats(info.sandbox);
   const syncSection = section("Weight sync", syncTable, syncGrid);
-  const sandboxSection = section("Sandboxes", sandboxTable, sandboxGrid);
+  const sandboxSection = section("Sandboxes and environments", sandboxTable, sandboxGrid);
   panes.charts.append(trainGrid, syncSection, sandboxSection);
-  const boards = [new Board(trainGrid, TRAINING_CHARTS), new Board(syncGrid, SYNC_CHARTS)];
-
-  const series = await api.series(id, specKeys([...TRAINING_CHARTS, ...SYNC_CHARTS]));
+  // info.keys: the numeric keys of the run's recent records; sandbox_* keys get a chart each
+  const sandboxSpecList = [...SANDBOX_CHARTS,
+    ...sandboxSpecs((info.keys || []).filter((k) => k.startsWith(SANDBOX_PREFIX)))];
+  const boards = [new Board(trainGrid, TRAINING_CHARTS), new Board(syncGrid, SYNC_CHARTS),
+    new Board(sandboxGrid, sandboxSpecList)];
+  const series = await api.series(id, specKeys([...TRAINING_CHARTS, ...SYNC_CHARTS, ...sandboxSpecList]));
   boards.forEach((b) => b.load(series));
   const steps = series.step || [];
   let last = steps.length ? steps[steps.length - 1] : -1;
-  // info.keys: the numeric keys of the run's recent records
-  const sandboxKeys = (info.keys || []).filter((k) => k.startsWith(SANDBOX_PREFIX));
-  if (sandboxKeys.length) {
-    const board = new Board(sandboxGrid, sandboxSpecs(sandboxKeys));
-    board.load(await api.series(id, sandboxKeys));
-    boards.push(board);
-  }
   const showSections = () => {
     syncSection.hidden = !syncTable && boards[1].shown === 0;
-    sandboxSection.hidden = !sandboxTable && (boards[2] ? boards[2].shown === 0 : true);
+    sandboxSection.hidden = !sandboxTable && boards[2].shown === 0;
     if (trainGrid.childElementCount && boards[0].shown === 0 && !trainGrid.querySelector(".empty")) {
       trainGrid.prepend(el("p", { class: "muted empty", text: "No steps recorded yet; charts appear with the first step." }));
     } else if (boards[0].shown) trainGrid.querySelector(".empty")?.remove();

@@ -8,8 +8,9 @@ import { el, clear, fmt, kvTable, showError } from "/static/dom.js";
 
 const PAGE = 50;
 
-function excerpt(text, n = 160) {
-  const s = String(text ?? "");
+// one line: whitespace runs (a chat template's newlines) collapsed
+function excerpt(text, n = 140) {
+  const s = String(text ?? "").replace(/\s+/g, " ").trim();
   return s.length > n ? `${s.slice(0, n)}…` : s;
 }
 
@@ -38,12 +39,15 @@ function turnView(turn, i) {
 
 function toolView(call) {
   if (typeof call !== "object" || call === null) return pre(call);
+  // samples.jsonl: {turn, name, arguments} or {turn, error} (a malformed call)
   const fn = call.function || {};
-  const name = call.name || fn.name || call.tool || "tool call";
+  const name = call.name || fn.name || call.tool || (call.error ? "malformed call" : "tool call");
   const args = call.arguments ?? fn.arguments ?? call.args ?? call.input;
   const result = call.result ?? call.output ?? call.response;
-  return el("div", { class: "tool" }, el("div", { class: "role", text: name }),
-    args !== undefined ? pre(args, "meta") : null, result !== undefined ? pre(result) : null);
+  const where = call.turn !== undefined ? ` (policy turn ${call.turn})` : "";
+  return el("div", { class: "tool" }, el("div", { class: "role", text: name + where }),
+    args !== undefined ? pre(args, "meta") : null, result !== undefined ? pre(result) : null,
+    call.error !== undefined ? pre(call.error, "text failed") : null);
 }
 
 function execView(r) {
@@ -56,12 +60,14 @@ function execView(r) {
 }
 
 const SHOWN = new Set(["sid", "step", "reward", "prompt", "completion", "turns", "messages",
-  "tool_calls", "tools", "sandbox", "sandbox_results", "exec_results", "executions"]);
+  "tool_calls", "tools", "env_info", "sandbox", "sandbox_results", "exec_results"]);
 
 export function sampleDetail(rec) {
   const turns = asList(rec.messages ?? (Array.isArray(rec.turns) ? rec.turns : null));
   const tools = asList(rec.tool_calls ?? rec.tools);
-  const execs = asList(rec.sandbox_results ?? rec.sandbox ?? rec.exec_results ?? rec.executions);
+  // env_info: per environment step, the JSON-safe part of StepResult.info (a code env's
+  // sandbox verdict: status, details)
+  const execs = asList(rec.env_info ?? rec.sandbox_results ?? rec.sandbox ?? rec.exec_results);
   const other = Object.fromEntries(Object.entries(rec).filter(([k]) => !SHOWN.has(k)));
   if (typeof rec.turns === "number") other.turns = rec.turns;
   return el("div", { class: "sample", id: "sample-detail", dataset: { sid: rec.sid } },
@@ -69,9 +75,9 @@ export function sampleDetail(rec) {
       ` · step ${fmt(rec.step)} · reward `, el("span", { class: "reward", text: fmt(rec.reward) })),
     block("Prompt", pre(rec.prompt ?? "")),
     block("Completion", pre(rec.completion ?? "", "text completion")),
-    turns.length ? block(`Environment turns (${turns.length})`, turns.map(turnView)) : null,
+    turns.length ? block(`Turns, policy and environment (${turns.length})`, turns.map(turnView)) : null,
     tools.length ? block(`Tool calls (${tools.length})`, tools.map(toolView)) : null,
-    execs.length ? block(`Sandbox results (${execs.length})`, execs.map(execView)) : null,
+    execs.length ? block(`Environment and sandbox results (${execs.length})`, execs.map(execView)) : null,
     Object.keys(other).length ? block("Other fields", pre(other, "meta")) : null);
 }
 

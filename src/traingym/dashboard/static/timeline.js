@@ -9,7 +9,7 @@ import { el, clear, fmt, kvTable } from "/static/dom.js";
 import { PALETTE } from "/static/charts.js";
 
 const ROW_H = 22;
-const GUTTER = 200;
+const GUTTER = 260;
 const AXIS_H = 24;
 
 function processNames(processes) {
@@ -28,6 +28,14 @@ function threadLabel(proc, pid, tid) {
   return `${(proc && proc.name) || `pid ${pid}`} · ${tname || `tid ${tid}`}`;
 }
 
+// `text` cut with an ellipsis to fit `width` pixels
+function fitText(ctx, text, width) {
+  if (ctx.measureText(text).width <= width) return text;
+  let n = text.length;
+  while (n > 1 && ctx.measureText(`${text.slice(0, n)}…`).width > width) n--;
+  return `${text.slice(0, n)}…`;
+}
+
 function niceStep(span) {
   const raw = span / 8;
   const p = 10 ** Math.floor(Math.log10(raw));
@@ -40,20 +48,32 @@ function fmtMicros(us) {
   return `${fmt(us, 4)} µs`;
 }
 
-function utilisationTable(util) {
+function gridOf(rows, firstHeader) {
+  const cols = [...new Set(rows.flatMap(([, v]) => Object.keys(v)))];
+  const cell = (v) => (v && typeof v === "object"
+    ? Object.entries(v).map(([k, x]) => `${k} ${fmt(x, 3)}`).join(", ") : fmt(v, 3));
+  return el("table", { class: "grid" },
+    el("thead", {}, el("tr", {}, el("th", { text: firstHeader }), cols.map((c) => el("th", { text: c })))),
+    el("tbody", {}, rows.map(([name, v]) => el("tr", {}, el("th", { text: name }),
+      cols.map((c) => el("td", { class: typeof v[c] === "number" ? "num" : "", text: cell(v[c]) }))))));
+}
+
+// results.json's {wall_s, processes: {name: {busy_s, idle_s, busy_frac, waits}}, ...}, or the
+// server's per-process {name: {busy_s, wall_s, busy_frac}} from the spans of a live run
+function utilisationView(util) {
   const entries = Object.entries(util || {});
   if (!entries.length) return null;
-  if (!entries.every(([, v]) => v && typeof v === "object" && !Array.isArray(v))) return kvTable(util);
-  const cols = [...new Set(entries.flatMap(([, v]) => Object.keys(v)))];
-  return el("table", { class: "grid", id: "utilisation" },
-    el("thead", {}, el("tr", {}, el("th", { text: "component" }), cols.map((c) => el("th", { text: c })))),
-    el("tbody", {}, entries.map(([name, v]) => el("tr", {}, el("th", { text: name }),
-      cols.map((c) => el("td", { class: typeof v[c] === "number" ? "num" : "", text: fmt(v[c], 3) }))))));
+  const isRow = ([, v]) => v && typeof v === "object" && !Array.isArray(v);
+  const procs = util.processes && typeof util.processes === "object" ? Object.entries(util.processes)
+    : entries.every(isRow) ? entries : [];
+  const scalars = Object.fromEntries(entries.filter(([k, v]) => k !== "processes" && !isRow([k, v])));
+  return el("div", { id: "utilisation" }, procs.length ? gridOf(procs, "process") : null,
+    Object.keys(scalars).length ? kvTable(scalars) : null);
 }
 
 export async function timelineView(pane, id) {
   const trace = await api.trace(id);
-  // (the server keeps the latest max_events spans: api.js asks for 200000, its ceiling)
+  // (the server keeps the latest max_events spans; api.js asks for 50000)
   const spans = (trace.spans || []).filter((s) => typeof s.ts === "number");
   if (!spans.length) {
     pane.appendChild(el("p", { class: "muted", id: "timeline-empty",
@@ -90,7 +110,7 @@ export async function timelineView(pane, id) {
   const wrap = el("div", { class: "timeline-wrap" }, canvas, tip);
   pane.append(el("div", { class: "filters" }, el("label", {}, "zoom ", zoom), el("label", {}, "position ", pos),
     reset, windowLabel), legend, wrap);
-  const util = utilisationTable(trace.utilisation);
+  const util = utilisationView(trace.utilisation);
   if (util) pane.append(el("h3", { text: "Utilisation" }), util);
   if (trace.truncated) pane.append(el("p", { class: "muted", text: `Showing the first ${spans.length} spans.` }));
 
@@ -119,7 +139,7 @@ export async function timelineView(pane, id) {
       ctx.fillStyle = i % 2 ? "#f8fafc" : "#ffffff";
       ctx.fillRect(0, AXIS_H + i * ROW_H, cssW, ROW_H);
       ctx.fillStyle = "#111827";
-      ctx.fillText(labels[i].slice(0, 30), 6, AXIS_H + i * ROW_H + ROW_H / 2, GUTTER - 10);
+      ctx.fillText(fitText(ctx, labels[i], GUTTER - 12), 6, AXIS_H + i * ROW_H + ROW_H / 2);
     });
     const step = niceStep(width);
     ctx.fillStyle = "#6b7280"; ctx.strokeStyle = "#e5e7eb";
@@ -141,7 +161,7 @@ export async function timelineView(pane, id) {
       ctx.fillRect(bx, by, bw, ROW_H - 6);
       if (bw > 40) {
         ctx.fillStyle = "#ffffff";
-        ctx.fillText(String(s.name), Math.max(bx, GUTTER) + 3, by + (ROW_H - 6) / 2, bw - 6);
+        ctx.fillText(fitText(ctx, String(s.name), bw - 6), Math.max(bx, GUTTER) + 3, by + (ROW_H - 6) / 2);
       }
       drawnBars.push({ s, bx, bw, by });
     }
