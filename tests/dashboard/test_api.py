@@ -122,6 +122,26 @@ def test_events_incremental_live_partial_line_and_resume(tmp_path):
     assert get(c, "/api/runs/r")["bad_lines"] == {"events": 1}
 
 
+def test_sft_records_share_step_zero_without_rereading(tmp_path):
+    from traingym.dashboard.index import EventsIndex
+
+    path = tmp_path / "events.jsonl"
+    sft = [{"phase": "sft", "step": 0, "sft_step": i, "sft_steps": 3, "loss": 3.0 - i}
+           for i in range(1, 4)]
+    write_jsonl(path, sft[:2])
+    index = EventsIndex(path)
+    index.refresh()
+    write_jsonl(path, [sft[2]], "a")
+    index.refresh()
+    write_jsonl(path, [event(1)], "a")
+    index.refresh()
+    assert index.steps == [0, 0, 0, 1] and index.resets == 0
+    assert index.columns["sft_step"][:3] == [1, 2, 3]
+    write_jsonl(path, [event(1, loss=-1.0)], "a")  # step 1 again, not SFT: a rewrite
+    index.refresh()
+    assert index.resets == 1
+
+
 def test_series_downsampled_with_nulls(tmp_path):
     run = make_run(tmp_path, "r", steps=0)
     recs = [event(s, loss=float(s)) for s in range(1, 11)]

@@ -3,7 +3,7 @@
 Each index remembers how many bytes of its file it has read and, on `refresh()`, reads only
 what was appended since (whole lines only: a line still being written waits for its newline).
 A file that shrank, whose bytes before the remembered offset changed, or (events) whose new
-records go back in step (a resumed run truncates its logs, runlog.truncate_after, then
+records go back in step (SFT-phase records, all step 0, may repeat it) (a resumed run truncates its logs, runlog.truncate_after, then
 rewrites the steps after its checkpoint) is re-read from the start.
 
 - `EventsIndex` keeps the step records as columns (one list per key, `MISSING` where a record
@@ -132,7 +132,7 @@ class EventsIndex:
                         self.bad_lines += line.strip() != b""
                         continue
                     new.append(rec)
-                if new and self.steps and new[0]["step"] <= self.steps[-1]:
+                if new and self.steps and _went_back(new[0], self.steps[-1]):
                     self._reset()  # steps went back: a resume rewrote the file; read it again
                     self.tail.offset = 0
                     f.seek(0)
@@ -219,6 +219,12 @@ class EventsIndex:
                 out[key] = [(sums[b] - sums[a]) / k if (k := counts[b] - counts[a]) else None
                             for a, b in bounds]
         return out
+
+
+def _went_back(rec: dict, last: int) -> bool:
+    """Does `rec`, the first new record, redo a step already read? SFT-phase records all carry
+    step 0 (docs/events.md), so they may repeat it."""
+    return rec["step"] < last or rec["step"] == last and rec.get("phase") != "sft"
 
 
 def _num(v):
