@@ -144,6 +144,12 @@ class Folders:
             raise NotFound(f"no {kind} {ident!r} in the runs folder")
         return found[1]
 
+    def forget_except(self, listing: dict) -> None:
+        """Drop the indexes of runs no longer listed (deleted or renamed folders)."""
+        with self.lock:
+            for ident in [i for i in self.runs if i not in listing]:
+                del self.runs[ident]
+
     def run(self, ident: str) -> Run:
         path = self.find("run", ident)
         with self.lock:

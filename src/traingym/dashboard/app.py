@@ -66,11 +66,10 @@ def build_app(root: str | Path, token: str | None = None, hosts: set[str] | None
 
     @app.api_route("/api/runs", methods=GET)
     def runs():
-        out = []
-        for ident, (kind, _) in folders.listing().items():
-            if kind == "run":
-                out.append(folders.run(ident).summary(ident))
-        return {"runs": out}
+        listing = folders.listing()
+        folders.forget_except(listing)
+        return {"runs": [folders.run(ident).summary(ident)
+                         for ident, (kind, _) in listing.items() if kind == "run"]}
 
     @app.api_route("/api/runs/{run_id}", methods=GET)
     def run(run_id: str):
