@@ -135,9 +135,14 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def runs_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def server(runs_root):
     require("fastapi", "the dashboard needs fastapi (pip install 'traingym[dashboard]')")
-    root = tmp_path_factory.mktemp("runs")
+    root = runs_root
     live = root / "live"
     write_run(live, FIRST_STEPS, "sync")
     (live / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sample_records()))
@@ -191,6 +196,7 @@ def browser(tmp_path_factory):
 def page(browser, request):
     """A fresh tab that records page errors, console errors and dialogs; none is allowed."""
     tab = browser.new_page()
+    tab.set_default_timeout(60_000)  # a loaded 2-core CI machine
     problems, dialogs = [], []
     tab.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     tab.on("console", lambda m: m.type == "error" and problems.append(f"console: {m.text}"))
@@ -259,11 +265,25 @@ def test_run_page_draws_charts_and_grows_live(server, page):
 
     page.evaluate("window.__same_page = true")
     before = points(page, "reward")
-    page.wait_for_function(POINTS_AT_LEAST, arg=["reward", before + 2], timeout=20000)
+    page.wait_for_function(POINTS_AT_LEAST, arg=["reward", before + 2], timeout=60_000)
     assert page.evaluate("window.__same_page") is True  # grew in place: no reload
     assert points(page, "loss") > before
     assert int(page.get_attribute("#view", "data-last-step")) > FIRST_STEPS
     shot(page, "run-charts-grown")
+
+
+def test_a_run_without_steps_gets_its_charts_with_the_first_step(server, runs_root, page):
+    fresh = runs_root / "fresh"
+    write_run(fresh, 0, "sync")
+    page.goto(server + "/run/fresh")
+    page.wait_for_selector("#pane-charts .empty")
+    assert not page.locator('[data-chart="reward"]').is_visible()
+    with open(fresh / "events.jsonl", "a") as f:
+        f.write(json.dumps(step_record(1)) + "\n")
+    page.wait_for_function(POINTS_AT_LEAST, arg=["reward", 1])
+    assert page.locator('[data-chart="reward"]').is_visible()
+    assert page.locator("#pane-charts .empty").count() == 0
+    assert page.get_attribute("#view", "data-last-step") == "1"
 
 
 def test_sample_with_script_shows_as_text(server, page):

@@ -80,6 +80,14 @@ function seriesValue(s, get) {
   return number(s.fn ? s.fn(get) : get(s.key));
 }
 
+// a flat series (a KL of 0) gets a band around its value (0: 0..1), not uPlot's 0..100
+function flatRange(u, min, max) {
+  if (min !== max) return uPlot.rangeNum(min, max, 0.1, true);
+  if (min === 0) return [0, 1];
+  const pad = Math.abs(min) * 0.5;
+  return [min - pad, max + pad];
+}
+
 // the y axis as wide as its longest tick label
 function axisWidth(u, values) {
   const longest = Math.max(0, ...(values || []).map((v) => String(v).length));
@@ -92,10 +100,7 @@ function chartOptions(spec, width, labels, colors) {
     width, height: 220,
     legend: { live: true },
     cursor: { drag: { x: true, y: false } },
-    // a flat series (a KL of 0) gets a band around its value, not uPlot's 0..100
-    scales: { x: { time: false }, y: { range: (u, min, max) => (min === max
-      ? [min - (Math.abs(min) || 1) * 0.5, max + (Math.abs(max) || 1) * 0.5]
-      : uPlot.rangeNum(min, max, 0.1, true)) } },
+    scales: { x: { time: false }, y: { range: flatRange } },
     axes: [
       { label: "step", grid: { stroke: "#eee" } },
       { grid: { stroke: "#eee" }, size: axisWidth, values: (u, ticks) => ticks.map((t) => format(t)) },
@@ -109,12 +114,12 @@ function chartOptions(spec, width, labels, colors) {
 
 // One uPlot chart whose data grows by push(); flush() redraws.
 export class LineChart {
-  constructor(holder, spec, labels, data) {
+  constructor(holder, spec, labels, data, colors = PALETTE) {
     this.holder = holder;
     this.data = data;
     this.dirty = false;
     holder.dataset.keys = spec.series.map((s) => s.key || s.label).join(",");
-    this.plot = new uPlot(chartOptions(spec, this.width(), labels, PALETTE), data, holder);
+    this.plot = new uPlot(chartOptions(spec, this.width(), labels, colors), data, holder);
     this.mark();
   }
   width() { return Math.max(280, (this.holder.clientWidth || 480) - 8); }
@@ -189,13 +194,15 @@ export class Board {
   resize() { for (const chart of this.charts.values()) chart.resize(); }
 }
 
-// Several runs' series overlaid on one chart per key: tables = [{label, step: [], values: []}].
+// Several runs' series overlaid on one chart per key:
+// tables = [{label, color, step: [], values: []}] (a run keeps its colour on every chart).
 export function overlayChart(container, title, tables, format) {
   const holder = el("div", { class: "chart", dataset: { chart: title } });
   container.appendChild(el("figure", { class: "chart-card" }, el("figcaption", { text: title }), holder));
   const data = uPlot.join(tables.map((t) => [t.step, t.values]));
   const spec = { format, series: tables.map((t) => ({ label: t.label })) };
-  const chart = new LineChart(holder, spec, tables.map((t) => t.label), data);
+  const chart = new LineChart(holder, spec, tables.map((t) => t.label), data,
+    tables.map((t) => t.color));
   new ResizeObserver(() => chart.resize()).observe(holder);
   return chart;
 }

@@ -3,7 +3,7 @@
 // evals on the same prompts the paired difference of per-prompt scores with its standard error).
 
 import { api } from "/static/api.js";
-import { SANDBOX_PREFIX, SYNC_CHARTS, TRAINING_CHARTS, overlayChart } from "/static/charts.js";
+import { PALETTE, SANDBOX_CHARTS, SANDBOX_PREFIX, SYNC_CHARTS, TRAINING_CHARTS, overlayChart } from "/static/charts.js";
 import { el, fmt, section, setCrumbs } from "/static/dom.js";
 import { changeText } from "/static/runs.js";
 
@@ -12,7 +12,7 @@ const ids = (params, name) => (params.get(name) || "").split(",").map((s) => s.t
 // {key: {title, format}} for every raw key of the run page's charts, then the sandbox keys
 function keyTitles(extraKeys) {
   const titles = new Map();
-  for (const spec of [...TRAINING_CHARTS, ...SYNC_CHARTS]) {
+  for (const spec of [...TRAINING_CHARTS, ...SYNC_CHARTS, ...SANDBOX_CHARTS]) {
     for (const s of spec.series) {
       if (s.key && !titles.has(s.key)) {
         titles.set(s.key, { title: spec.series.length > 1 ? `${spec.title}: ${s.label}` : spec.title,
@@ -43,11 +43,11 @@ async function compareRuns(view, runIds) {
   const grid = el("div", { class: "charts" });
   view.appendChild(section("Series", grid));
   for (const [key, { title, format }] of titles) {
-    const tables = runIds.map((id) => {
+    const tables = runIds.map((id, i) => {
       const s = runs[id] || {};
       const step = s.step || [];
       const values = (s[key] || []).map((v) => (typeof v === "number" ? v : null));
-      return { label: id, step, values };
+      return { label: id, color: PALETTE[i % PALETTE.length], step, values };
     }).filter((t) => t.values.some((v) => v !== null));
     if (tables.length) overlayChart(grid, title, tables, format);
   }

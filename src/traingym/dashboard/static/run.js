@@ -144,17 +144,19 @@ export async function runView(view, id) {
   const live = document.getElementById("live");
   let lastNew = info.status === "running" ? Date.now() : 0;
   const poll = async () => {
+    let more = false;
     try {
-      const { events, last: newLast } = await api.events(id, last);
-      if (events.length) {
-        advance(events, newLast);
+      const answer = await api.events(id, last);
+      if (answer.events.length) {
+        advance(answer.events, answer.last);
         lastNew = Date.now();
       }
+      more = Boolean(answer.more); // the server pages by `limit`: fetch the rest at once
     } catch (err) {
       showError(err);
     }
     live.hidden = Date.now() - lastNew > 30000;
-    setTimeout(poll, POLL_MS);
+    setTimeout(poll, more ? 0 : POLL_MS);
   };
   live.hidden = lastNew === 0;
   setTimeout(poll, POLL_MS);
