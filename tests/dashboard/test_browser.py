@@ -301,6 +301,9 @@ def test_sample_with_script_shows_as_text(server, page):
     assert page.evaluate("document.querySelectorAll('#view script, #view b').length") == 0
     shot(page, "sample-xss")
     assert not page.dialogs
+    page.evaluate("() => alert('probe')")  # the listener does see a dialog when one opens
+    assert page.dialogs == ["probe"]
+    page.dialogs.clear()
 
 
 def test_sample_shows_turns_tool_calls_and_sandbox_results(server, page):

@@ -143,6 +143,7 @@ export async function runView(view, id) {
   // the run holds its lock or new steps came in the last 30 s
   const live = document.getElementById("live");
   let lastNew = info.status === "running" ? Date.now() : 0;
+  let pollFailed = false;
   const poll = async () => {
     let more = false;
     try {
@@ -152,8 +153,11 @@ export async function runView(view, id) {
         lastNew = Date.now();
       }
       more = Boolean(answer.more); // the server pages by `limit`: fetch the rest at once
+      if (pollFailed) document.getElementById("error").hidden = true; // the server is back
+      pollFailed = false;
     } catch (err) {
       showError(err);
+      pollFailed = true;
     }
     live.hidden = Date.now() - lastNew > 30000;
     setTimeout(poll, more ? 0 : POLL_MS);
