@@ -68,7 +68,7 @@ def test_runs_list_detail_and_evals(tmp_path):
     assert d["sync"]["ratio"] == pytest.approx(1000 / 4000)
     assert d["sync"]["codecs"] == {"delta": 2, "full": 2}
     assert d["sync"]["seconds_mean"]["sync_encode_s"] == pytest.approx(2.5)
-    assert d["sandbox"] == {}
+    assert d["sandbox"] == {} and d["sandbox_verdicts"] == {}
 
     evals = get(c, "/api/evals")["evals"]
     assert [e["id"] for e in evals] == ["ev1"]
@@ -119,7 +119,22 @@ def test_events_incremental_live_partial_line_and_resume(tmp_path):
     with open(run / "events.jsonl", "a") as f:
         f.write("{not json\n" + json.dumps(event(3)) + "\n")
     assert get(c, "/api/runs/r/series?keys=loss")["step"] == [1, 2, 3]
-    assert get(c, "/api/runs/r")["bad_lines"] == {"events": 1}
+    assert get(c, "/api/runs/r")["bad_lines"] == {"events": 1, "samples": 0}
+
+
+def test_sandbox_stats_and_verdicts(tmp_path):
+    run = make_run(tmp_path, "code", steps=0)
+    write_jsonl(run / "events.jsonl", [event(s, wait_sandbox_queue_s=0.5 * s, util_env_s=2.0)
+                                       for s in range(1, 5)])
+    write_jsonl(run / "samples.jsonl", [
+        sample(1, 0, env_info=[{"status": "pass", "details": []}]),
+        sample(1, 1, env_info=[{"status": "fail"}, {"status": "sandbox_limit"}]),
+        sample(1, 2, env_info=[{"status": "fail"}]), sample(1, 3)])
+    d = get(client(tmp_path), "/api/runs/code")
+    assert d["sandbox"]["wait_sandbox_queue_s"] == {"last": 2.0, "mean": 1.25, "max": 2.0,
+                                                    "total": 5.0}
+    assert d["sandbox"]["util_env_s"]["total"] == 8.0
+    assert d["sandbox_verdicts"] == {"pass": 1, "fail": 2, "sandbox_limit": 1}
 
 
 def test_sft_records_share_step_zero_without_rereading(tmp_path):

@@ -175,8 +175,11 @@ def detail(run: Run, run_id: str) -> dict:
         numeric = sorted(k for k, col in ev.columns.items()
                          if any(isinstance(v, (int, float)) and not isinstance(v, bool)
                                 for v in col[-50:]))
-        stats = {"sync": sync_stats(ev), "sandbox": prefixed_stats(ev, "sandbox_"),
-                 "bad_lines": {"events": ev.bad_lines}}
+        stats = {"sync": sync_stats(ev), "sandbox": sandbox_stats(ev)}
+    run.samples.refresh()
+    with run.samples.lock:
+        stats.update(sandbox_verdicts=dict(run.samples.verdicts),
+                     bad_lines={"events": ev.bad_lines, "samples": run.samples.bad_lines})
     return {**run.summary(run_id), "config": security.mask(cfg),
             "results": security.mask(read_json(path / "results.json")),
             "eval_before": security.mask(read_json(path / "eval_before.json")),
@@ -201,12 +204,17 @@ def sync_stats(ev: EventsIndex) -> dict:
                                        if k.startswith("sync_")}}
 
 
-def prefixed_stats(ev: EventsIndex, prefix: str) -> dict:
-    """{key: {'last', 'mean', 'max'}} of the numeric keys starting with `prefix`."""
+SANDBOX_KEYS = ("wait_sandbox_queue_s", "util_env_s")  # observability/utilisation.py
+
+
+def sandbox_stats(ev: EventsIndex) -> dict:
+    """{key: {'last', 'mean', 'max', 'total'}} of the sandbox and environment keys: the queue
+    wait for a warm sandbox, seconds in environment calls, and any `sandbox_*` key."""
     out = {}
     for k in sorted(ev.columns):
-        if k.startswith(prefix) and (t := ev.total(k))[1]:
-            out[k] = {"last": ev.last(k), "mean": _mean(*t), "max": ev.maximum(k)}
+        if (k in SANDBOX_KEYS or k.startswith("sandbox_")) and (t := ev.total(k))[1]:
+            out[k] = {"last": ev.last(k), "mean": _mean(*t), "max": ev.maximum(k),
+                      "total": t[0]}
     return out
 
 

@@ -13,7 +13,8 @@ rewrites the steps after its checkpoint) is re-read from the start.
   read.
 - `SamplesIndex` keeps, per sample, the byte offset of its line, its step, reward, sid and the
   lower-cased prompt + completion text that `q` searches; the full record is read back from
-  the file by offset. A record without `sid` (runs older than the sid field) gets
+  the file by offset. It also counts the `status` of each `env_info` entry (a code env's
+  sandbox verdict: pass, fail, sandbox_limit...). A record without `sid` (runs older than the sid field) gets
   `L<line number>`, stable while the file only grows.
 
 Not covered: a file rewritten to the same size with the same last 64 bytes before the offset
@@ -263,6 +264,7 @@ class SamplesIndex:
         self.by_sid: dict[str, int] = {}
         self.lines = 0
         self.bad_lines = 0
+        self.verdicts: dict[str, int] = {}  # env_info statuses (a code env's sandbox verdict)
 
     def refresh(self) -> None:
         with self.lock:
@@ -295,6 +297,11 @@ class SamplesIndex:
         self.steps.append(step if isinstance(step, int) and not isinstance(step, bool) else -1)
         self.rewards.append(math.nan if reward is None else float(reward))
         self.texts.append(_text(rec))
+        info = rec.get("env_info")
+        for item in info if isinstance(info, list) else ():
+            status = item.get("status") if isinstance(item, dict) else None
+            if isinstance(status, str):
+                self.verdicts[status] = self.verdicts.get(status, 0) + 1
 
     def __len__(self) -> int:
         return len(self.sids)
