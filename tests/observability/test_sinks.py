@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from prereq import require
+from prereq import missing, require
 
 import traingym
 from traingym.config import ConfigError
@@ -34,7 +34,7 @@ def run_dir(tmp_path_factory):
     names = [n for n in sinks.SINKS
              if all(importlib.util.find_spec(m) for m in sinks.sink_class(n).requires)]
     if not names:
-        pytest.skip("no sink package installed")
+        missing("no sink package is installed: pip install 'traingym[sinks]'")
     path = tmp_path_factory.mktemp("sinks") / "run"
     traingym.train(_cfg(names), run_dir=path, progress=False)
     return path
