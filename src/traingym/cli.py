@@ -64,6 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # --help (0), or a usage error _Parser.error reported (2)
         return e.code if isinstance(e.code, int) else 2
+    if args.command == "dashboard":  # reads files only: started without torch's import time
+        from traingym.dashboard import main as dashboard
+
+        try:
+            return dashboard(args)
+        except (ValueError, FileNotFoundError) as e:  # ConfigError is a ValueError
+            print(f"traingym: {' '.join(str(e).splitlines())}", file=sys.stderr)
+            return 2
     from traingym.config import ConfigError
     from traingym.envs.datasets import DatasetError
     from traingym.envs.single_turn import RewardError
@@ -96,10 +104,6 @@ def _command(args: argparse.Namespace) -> int:
         from traingym.serve import main as serve
 
         return serve(args)
-    if args.command == "dashboard":
-        from traingym.dashboard import main as dashboard
-
-        return dashboard(args)
     if args.command == "report":
         from traingym.report import main as report
 

@@ -30,6 +30,11 @@ import socket
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
+
+class StartError(ValueError):
+    """A dashboard that cannot start (a bad flag or token file); the message names the fix.
+    Not config.ConfigError: importing config.py pulls in torch, which the dashboard never needs."""
+
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
        "img-src 'self' data:; connect-src 'self'; font-src 'self'; object-src 'none'; "
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -71,14 +76,13 @@ def mask(value):
 
 
 def read_token(path: str | Path) -> str:
-    from traingym.config import ConfigError
 
     try:
         token = Path(path).read_text().strip()
     except OSError as e:
-        raise ConfigError(f"--token-file {path}: cannot read it ({e.strerror})") from None
+        raise StartError(f"--token-file {path}: cannot read it ({e.strerror})") from None
     if len(token) < MIN_TOKEN or any(c.isspace() for c in token):
-        raise ConfigError(f"--token-file {path}: the token must be one word of at least "
+        raise StartError(f"--token-file {path}: the token must be one word of at least "
                           f"{MIN_TOKEN} characters; make one with: "
                           f"python -c 'import secrets; print(secrets.token_urlsafe(32))' > {path}")
     return token

@@ -12,6 +12,8 @@ import signal
 import sys
 from pathlib import Path
 
+from traingym.dashboard import security
+
 DEFAULT_PORT = 8265
 
 
@@ -31,36 +33,30 @@ def add_parser(sub) -> None:
 
 
 def check(args) -> str | None:
-    """The token (None without --token-file); ConfigError for what cannot start."""
-    from traingym.config import ConfigError
-    from traingym.dashboard import security
-
+    """The token (None without --token-file); security.StartError for what cannot start."""
     root = Path(args.runs_dir)
     if not root.is_dir():
-        raise ConfigError(f"{root} is not a folder; give the folder that holds your runs "
-                          "(traingym train writes runs/<name> by default)")
+        raise security.StartError(f"{root} is not a folder; give the folder that holds your "
+                                  "runs (traingym train writes runs/<name> by default)")
     if not 0 < args.port < 65536:
-        raise ConfigError(f"--port {args.port}: give a port in 1..65535")
+        raise security.StartError(f"--port {args.port}: give a port in 1..65535")
     token = security.read_token(args.token_file) if args.token_file else None
     if token is None and not security.is_loopback(args.host):
-        raise ConfigError(f"--host {args.host} serves beyond this machine, so it needs a "
-                          "token: put one in a file and pass --token-file F (or keep the "
-                          "default --host 127.0.0.1)")
+        raise security.StartError(f"--host {args.host} serves beyond this machine, so it needs "
+                                  "a token: put one in a file and pass --token-file F (or keep "
+                                  "the default --host 127.0.0.1)")
     return token
 
 
 def main(args) -> int:
-    from traingym.config import ConfigError
-
     token = check(args)
     try:
         import uvicorn
 
         from traingym.dashboard.app import build_app
     except ModuleNotFoundError as e:
-        raise ConfigError(f"traingym dashboard needs {e.name}: pip install "
-                          "'traingym[dashboard]'") from None
-    from traingym.dashboard import security
+        raise security.StartError(f"traingym dashboard needs {e.name}: pip install "
+                                  "'traingym[dashboard]'") from None
 
     hosts = security.allowed_hosts(args.host, args.allow_host)
     app = build_app(args.runs_dir, token, hosts)
