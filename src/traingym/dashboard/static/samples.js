@@ -122,7 +122,7 @@ export async function samplesView(pane, id) {
       row.addEventListener("keydown", (e) => e.key === "Enter" && open(item.sid, row).catch(showError));
       body.appendChild(row);
     }
-    info.textContent = total ? `${offset + 1}–${offset + res.items.length} of ${total}` : "no samples match";
+    info.textContent = total ? `${fmt(offset + 1)}–${fmt(offset + res.items.length)} of ${fmt(total)}` : "no samples match";
     prev.disabled = offset === 0;
     next.disabled = offset + PAGE >= total;
   };
