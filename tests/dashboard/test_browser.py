@@ -333,7 +333,8 @@ def test_timeline_draws_span_bars_and_zooms(server, page):
     drawn = int(page.get_attribute("#timeline", "data-drawn"))
     assert spans == 4 * FIRST_STEPS and drawn == spans
     shot(page, "timeline")
-    page.eval_on_selector("#timeline-zoom", "z => { z.value = 900; z.dispatchEvent(new Event('input')); }")
+    page.eval_on_selector("#timeline-zoom",
+                          "z => { z.value = 900; z.dispatchEvent(new Event('input')); }")
     zoomed = int(page.get_attribute("#timeline", "data-drawn"))
     assert 0 < zoomed < drawn
     assert page.locator("#utilisation").is_visible()
