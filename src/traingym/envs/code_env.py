@@ -10,7 +10,9 @@ The pool is made on first use, one per run, event loop, backend and limits (envs
 the run owns it), and shared by every env of the run on that loop (the rollout runner keeps one
 loop for the whole run); it is closed with the runner. The backend is named
 explicitly; "bwrap" is the default. A backend that cannot run raises SandboxUnavailable: code is
-never run on the host instead. On a Ray cluster with `cluster.sandbox_workers`, the sessions
+never run on the host instead. `image` (sandbox/images.py: requirements, lock, files) is the
+Python the code runs against, built once and cached; None is the standard library only. Pools
+are keyed by backend, limits and image. On a Ray cluster with `cluster.sandbox_workers`, the sessions
 run on the sandbox workers' CPU nodes instead (cluster/ray_sandboxes.py: the engine's run
 resources hold the workers' client); this code is the same.
 """
@@ -24,6 +26,7 @@ from traingym.envs.code_grader import extract_code, grade
 from traingym.envs.render import PromptRenderer
 from traingym.envs.resources import current
 from traingym.sandbox import DEFAULT_BACKEND, Limits, open_sandbox
+from traingym.sandbox.images import ImageSpec
 from traingym.sandbox.pool import SandboxPool
 from traingym.types import Completion, Observation, StepResult
 
@@ -31,15 +34,20 @@ GRADING_LIMITS = Limits(cpu_s=2, wall_s=5, memory_bytes=256 << 20, processes=16,
                         file_bytes=1 << 20, output_bytes=256 << 10)
 
 
-def pool_for(backend: str, limits: Limits) -> SandboxPool:
-    """The current run's pool for this event loop, backend and limits; when the run's
+def pool_for(backend: str, limits: Limits, image: ImageSpec | None = None) -> SandboxPool:
+    """The current run's pool for this event loop, backend, limits and image; when the run's
     sandboxes run on sandbox workers (a Ray cluster), their client's pool instead."""
     resources = current()
+    image = ImageSpec.parse(image)
     if resources.sandboxes is not None:
+        if not image.empty:
+            raise ValueError("sandbox images are not supported on Ray sandbox workers yet "
+                             "(cluster.sandbox_workers); drop the image or the workers")
         return resources.sandboxes.pool(backend, limits)
     return resources.keep_on_loop(
-        ("code_env.pool", backend, limits),
-        lambda: SandboxPool(lambda: open_sandbox(backend, limits), min_ready=2, max_size=8),
+        ("code_env.pool", backend, limits, image),
+        lambda: SandboxPool(lambda: open_sandbox(backend, limits, image=image), min_ready=2,
+                            max_size=8),
         SandboxPool.close)
 
 
@@ -47,12 +55,14 @@ class CodeEnv:
     """One single-turn episode: write the function, get the fraction of hidden tests passed."""
 
     def __init__(self, example: dict[str, Any], renderer: PromptRenderer,
-                 backend: str = DEFAULT_BACKEND, limits: Limits = GRADING_LIMITS):
+                 backend: str = DEFAULT_BACKEND, limits: Limits = GRADING_LIMITS,
+                 image: ImageSpec | dict | None = None):
         for key in ("prompt", "entry", "inputs", "expected"):
             if key not in example:
                 raise KeyError(f"code rows need {key!r}; got keys {sorted(example)}")
         self.example, self.renderer = example, renderer
         self.backend, self.limits = backend, limits
+        self.image = ImageSpec.parse(image)
         self.prefill = example.get("prefill", "")
         self.verdict = None
 
@@ -65,7 +75,7 @@ class CodeEnv:
             raise RuntimeError("CodeEnv is single-use: reset() once, then step() once")
         text = self.renderer.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
         code = extract_code(text, self.prefill)
-        pool = pool_for(self.backend, self.limits)
+        pool = pool_for(self.backend, self.limits, self.image)
         async with pool.session() as sandbox:
             self.verdict = await grade(sandbox, code, self.example["entry"],
                                        self.example["inputs"], self.example["expected"])
@@ -75,12 +85,17 @@ class CodeEnv:
 
 @dataclass(frozen=True)
 class CodeEnvMaker:
-    """Picklable env maker `(example, renderer) -> CodeEnv` with a chosen backend."""
+    """Picklable env maker `(example, renderer) -> CodeEnv` with a chosen backend and image
+    (an ImageSpec or a mapping such as {"requirements": ["numpy"]}, checked here)."""
 
     backend: str = DEFAULT_BACKEND
+    image: ImageSpec | dict | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "image", ImageSpec.parse(self.image))
 
     def __call__(self, example: dict[str, Any], renderer: PromptRenderer) -> CodeEnv:
-        return CodeEnv(example, renderer, self.backend)
+        return CodeEnv(example, renderer, self.backend, image=self.image)
 
 
 def code_env(example: dict[str, Any], renderer: PromptRenderer) -> CodeEnv:

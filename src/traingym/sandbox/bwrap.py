@@ -9,6 +9,11 @@ What the sandboxed code sees and may do:
   linker's cache and `alternatives`), and the Python installation the agent runs on, at its own
   path (so with a pyenv Python, /root contains only `.pyenv/versions/X`; nothing else of /root,
   /home, /work or /etc is visible);
+- one Python: its image (images.py). Every site-packages/dist-packages folder of that
+  installation and of the host's other Pythons is covered by an empty read-only tmpfs, so no
+  package of the host (traingym and its hidden tests included) can be imported or read; the
+  image's own packages and files are mounted read-only at /image. The agent runs with -I
+  (no PYTHONPATH, no user site), and the environment sets PYTHONNOUSERSITE;
 - writable size-capped tmpfs mounts only: the workspace `/sandbox` (cwd, HOME), /tmp, /dev/shm;
 - an empty environment except PATH, HOME, LANG (`--clearenv`);
 - `--new-session` (no TIOCSTI into the host terminal), `--die-with-parent`.
@@ -27,12 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from pathlib import Path
 
 from traingym.sandbox import cgroup
 from traingym.sandbox.base import Limits, MiB, SandboxError, SandboxUnavailable
-from traingym.sandbox.client import AgentSandbox, agent_argv, host_python
+from traingym.sandbox.client import AgentSandbox, agent_argv
+from traingym.sandbox.images import MOUNT, Image, get_image
 
 WORKSPACE = "/sandbox"
 WIPE_DIRS = (WORKSPACE, "/tmp", "/dev/shm")
@@ -55,7 +60,34 @@ def bwrap_binary() -> str:
     return path
 
 
-def mounts(python_prefix: str, scratch_bytes: int) -> list[str]:
+def under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def python_mounts(image: Image) -> list[str]:
+    """The image's interpreter (its installation, its shared library if outside it) with every
+    package folder masked, and the image's folder at MOUNT."""
+    interp = image.interpreter
+    for scratch in WIPE_DIRS:
+        if under(interp.prefix, scratch):
+            raise SandboxUnavailable(
+                f"the interpreter's installation {interp.prefix} lies under {scratch}, which "
+                "the sandbox replaces with its own scratch space",
+                "use an interpreter installed elsewhere (image python = its path)")
+    args = []
+    if not under(interp.prefix, "/usr"):
+        args += ["--ro-bind", interp.prefix, interp.prefix]
+    lib = interp.libpython
+    if lib and os.path.exists(lib) and not under(lib, "/usr") and not under(lib, interp.prefix):
+        args += ["--ro-bind", lib, lib]
+    for folder in interp.masked_dirs():
+        args += ["--tmpfs", folder, "--remount-ro", folder]
+    if image.path is not None:
+        args += ["--ro-bind", str(image.path), MOUNT]
+    return args
+
+
+def mounts(image: Image, scratch_bytes: int) -> list[str]:
     args = ["--ro-bind", "/usr", "/usr"]
     for link in ("bin", "sbin", "lib", "lib32", "lib64"):
         target = Path("/", link)
@@ -66,8 +98,7 @@ def mounts(python_prefix: str, scratch_bytes: int) -> list[str]:
     for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives"):
         if os.path.exists(etc):
             args += ["--ro-bind", etc, etc]
-    if not python_prefix.startswith("/usr/"):
-        args += ["--ro-bind", python_prefix, python_prefix]
+    args += python_mounts(image)
     args += ["--proc", "/proc", "--dev", "/dev"]
     for d in ("/dev/shm", "/tmp", WORKSPACE):
         args += ["--size", str(scratch_bytes), "--tmpfs", d]
@@ -78,15 +109,18 @@ class BwrapSandbox(AgentSandbox):
     """One bubblewrap sandbox with a warm agent inside. Use `await BwrapSandbox.create(...)`.
 
     scratch_bytes caps each of /sandbox, /tmp and /dev/shm (disk flood); the memory cgroup counts
-    their pages too. `limits` are the defaults for `exec`.
+    their pages too. `limits` are the defaults for `exec`. `image` is a built Image, an
+    ImageSpec or its mapping (built here, once: images.get_image), or None: the standard
+    library only.
     """
 
     backend = "bwrap"
 
-    def __init__(self, limits: Limits | None = None, scratch_bytes: int = 64 * MiB):
+    def __init__(self, limits: Limits | None = None, scratch_bytes: int = 64 * MiB,
+                 image=None):
         limits = limits or Limits()
-        python = host_python()
-        prefix = sys.base_prefix
+        self.image = image if isinstance(image, Image) else get_image(image)
+        python = self.image.python
         self.layout = cgroup.find()
         self.root = os.geteuid() == 0
         if limits.processes is not None and (self.layout is None or not self.layout.pids_parent):
@@ -106,8 +140,9 @@ class BwrapSandbox(AgentSandbox):
             "--die-with-parent", "--new-session", "--clearenv",
             "--setenv", "PATH", f"{Path(python).parent}:/usr/local/bin:/usr/bin:/bin",
             "--setenv", "HOME", WORKSPACE, "--setenv", "LANG", "C.UTF-8",
+            "--setenv", "PYTHONNOUSERSITE", "1",
             "--hostname", "sandbox",
-            *mounts(prefix, scratch_bytes),
+            *mounts(self.image, scratch_bytes),
             "--chdir", WORKSPACE,
             *agent_argv(python, WORKSPACE, True, WIPE_DIRS),
         ]  # fmt: skip
@@ -117,8 +152,11 @@ class BwrapSandbox(AgentSandbox):
         self.oom_seen = self.pids_seen = 0
 
     @classmethod
-    async def create(cls, limits: Limits | None = None, scratch_bytes: int = 64 * MiB):
-        sandbox = cls(limits, scratch_bytes)
+    async def create(cls, limits: Limits | None = None, scratch_bytes: int = 64 * MiB,
+                     image=None):
+        if not isinstance(image, Image):  # a build may take minutes: off the event loop
+            image = await asyncio.to_thread(get_image, image)
+        sandbox = cls(limits, scratch_bytes, image)
         try:
             return await sandbox.start()
         except SandboxError as exc:

@@ -9,16 +9,19 @@ never chosen implicitly: only `open_sandbox("process")` or `ProcessSandbox.creat
 Covered: wall-clock kill of the process group, output cap, RLIMIT_CPU, RLIMIT_AS (memory),
 RLIMIT_FSIZE, RLIMIT_NPROC (which does not bind root and counts all of the user's processes, so
 it does not contain fork bombs run as root), a private workspace directory (removed on close).
+An image (images.py) gives the agent the image's venv interpreter at its host path; the host's
+files, the base installation's site-packages included, stay readable (not a boundary).
 """
 
 from __future__ import annotations
 
-import os
+import asyncio
 import shutil
 import tempfile
 
 from traingym.sandbox.base import Limits
-from traingym.sandbox.client import AgentSandbox, agent_argv, host_python
+from traingym.sandbox.client import AgentSandbox, agent_argv
+from traingym.sandbox.images import Image, get_image
 
 
 class ProcessSandbox(AgentSandbox):
@@ -26,17 +29,20 @@ class ProcessSandbox(AgentSandbox):
 
     backend = "process"
 
-    def __init__(self, limits: Limits | None = None):
+    def __init__(self, limits: Limits | None = None, image=None):
+        self.image = image if isinstance(image, Image) else get_image(image)
         self.workspace = tempfile.mkdtemp(prefix="traingym-process-")
-        python = host_python()
+        python = self.image.host_python  # its venv; the host's site-packages are NOT hidden
         argv = agent_argv(python, self.workspace, False, [self.workspace])
         super().__init__(argv, limits or Limits())
         self.env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.workspace}
         self.cwd = self.workspace
 
     @classmethod
-    async def create(cls, limits: Limits | None = None) -> ProcessSandbox:
-        sandbox = cls(limits)
+    async def create(cls, limits: Limits | None = None, image=None) -> ProcessSandbox:
+        if not isinstance(image, Image):
+            image = await asyncio.to_thread(get_image, image)
+        sandbox = cls(limits, image)
         try:
             return await sandbox.start()
         except BaseException:
