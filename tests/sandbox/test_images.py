@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from prereq import require_sandbox
@@ -37,6 +38,7 @@ from traingym.sandbox.images import (
     interpreter,
 )
 from traingym.sandbox.pool import SandboxPool
+from traingym.types import Completion
 
 REPO = Path(__file__).resolve().parents[2]
 NUMPY = ImageSpec(requirements=("numpy",))
@@ -259,6 +261,31 @@ def test_numpy_task_runs_in_the_numpy_image_built_once_from_the_warm_pool(numpy_
               f"{lookup_s * 1e3:.1f} ms (in-process memo {memo_s * 1e6:.0f} us), sandbox start "
               f"{start_s * 1e3:.0f} ms; pool {stats['acquired']} sessions from "
               f"{stats['started']} sandbox(es)")
+
+
+class TextTokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        return MEAN_SOLUTION
+
+
+def test_code_env_with_a_numpy_image_grades_through_the_run_pool(numpy_image, image_cache,
+                                                                 monkeypatch):
+    """The env path: CodeEnvMaker(image=...) -> CodeEnv.step -> the run's pool for that image."""
+    monkeypatch.setenv("TRAINGYM_IMAGE_CACHE", str(image_cache))  # the session's built image
+    renderer = SimpleNamespace(tokenizer=TextTokenizer())
+    row = {"prompt": "mean", **MEAN_ROW}
+    completion = Completion((1,), (2,), (-0.1,), "stop", 0)
+
+    async def main():
+        async with RunResources():
+            with_numpy = await CodeEnvMaker(image={"requirements": ["numpy"]})(
+                row, renderer).step(completion)
+            stdlib = await CodeEnvMaker()(row, renderer).step(completion)
+            return with_numpy, stdlib
+
+    with_numpy, stdlib = asyncio.run(main())
+    assert with_numpy.reward == 1.0 and with_numpy.info["status"] == "pass", with_numpy.info
+    assert stdlib.reward == 0.0 and stdlib.info["status"] == "load_error", stdlib.info
 
 
 def test_pools_are_keyed_by_image_and_the_spec_is_checked():
