@@ -85,7 +85,8 @@ for name in ("numpy", "traingym", "pytest", "pydantic"):
         found[name] = True
     except ImportError:
         found[name] = False
-print(json.dumps({"path": sys.path, "found": found, "flags": [sys.flags.isolated,
+print(json.dumps({"path": sys.path, "found": found, "version": sys.version,
+      "flags": [sys.flags.isolated,
       sys.flags.no_user_site], "env": sorted(os.environ),
       "listings": {d: os.listdir(d) for d in sys.argv[1:] if os.path.isdir(d)}}))
 """.replace("sys.argv[1:]", repr(interp.masked_dirs())))
@@ -97,6 +98,7 @@ print(json.dumps({"path": sys.path, "found": found, "flags": [sys.flags.isolated
                f"{stdlib}/lib-dynload", *interp.site_dirs}
     assert set(out["path"]) <= allowed, out["path"]
     assert out["flags"] == [1, 1]
+    assert out["version"] == interp.full_version  # its own libpython, not another Python's
     assert "PYTHONPATH" not in out["env"] and "PYTHONNOUSERSITE" in out["env"]
     assert out["listings"] and all(v == [] for v in out["listings"].values()), out["listings"]
 
@@ -155,16 +157,22 @@ HACK = ("def add(a, b):\n"
         "    from traingym.envs.code_problems import PROBLEMS_BY_NAME\n"
         "    return PROBLEMS_BY_NAME['add'].reference(a, b)\n")
 PROBE = ("import importlib.util as u, json, sys\n"
-         "print(json.dumps({n: u.find_spec(n) is not None for n in ('traingym', 'idna', 'six')}))")
+         "found = {n: u.find_spec(n) is not None for n in ('traingym', 'idna', 'six')}\n"
+         "print(json.dumps(found) if sys.version == %r else 'another Python: ' + sys.version)"
+         % sys.version)
+FIND = ("import os\nhits = []\nfor d, _, files in os.walk(%r):\n"
+        "    hits += [os.path.join(d, f) for f in files if f.startswith('code_problems')]\n"
+        "print(len(hits))" % prefix)  # the hidden tests' module, on disk in the prefix
 limits = Limits(cpu_s=5, wall_s=20, memory_bytes=512 << 20, processes=32)
 
 async def case(backend, image):
     sandbox = await open_sandbox(backend, limits, image=image)
     try:
-        probe = await sandbox.exec(PROBE)
-        assert probe.ok, probe
+        probe, find = await sandbox.exec(PROBE), await sandbox.exec(FIND)
+        assert probe.ok and find.ok, (probe, find)
         verdict = await grade(sandbox, HACK, "add", row["inputs"], row["expected"])
-        return {"imports": json.loads(probe.stdout), "reward": verdict.reward,
+        return {"imports": json.loads(probe.stdout), "found_files": int(find.stdout),
+                "reward": verdict.reward,
                 "details": verdict.details[:1]}
     finally:
         await sandbox.close()
@@ -204,10 +212,10 @@ def test_traingym_in_the_base_prefix_is_invisible_and_the_hidden_test_hack_earns
     result = json.loads(out.stdout.split("RESULT ", 1)[1])
     # the control: outside a boundary, traingym is importable and the hack takes every case
     assert result["process"]["imports"] == {"traingym": True, "idna": True, "six": False}
-    assert result["process"]["reward"] == 1.0
+    assert result["process"]["reward"] == 1.0 and result["process"]["found_files"] >= 1
     # bwrap from the same interpreter: neither traingym nor idna, and the hack earns 0
     assert result["bwrap"]["imports"] == {"traingym": False, "idna": False, "six": False}
-    assert result["bwrap"]["reward"] == 0.0
+    assert result["bwrap"]["reward"] == 0.0 and result["bwrap"]["found_files"] == 0
     assert "No module named 'traingym'" in result["bwrap"]["details"][0]
     # an image that names six: six imports, the host's packages still do not
     assert result["bwrap_six"]["imports"] == {"traingym": False, "idna": False, "six": True}

@@ -128,7 +128,8 @@ def check_requirement(req) -> None:
 PROBE = r"""
 import json, os, site, sys, sysconfig
 v = sysconfig.get_config_vars()
-lib = os.path.join(v["LIBDIR"], v["LDLIBRARY"]) if v.get("Py_ENABLE_SHARED") else None
+lib = v.get("INSTSONAME") or v["LDLIBRARY"]  # the soname the executable loads (.so.1.0)
+lib = os.path.join(v["LIBDIR"], lib) if v.get("Py_ENABLE_SHARED") else None
 paths = sysconfig.get_paths()
 print(json.dumps({
     "prefix": sys.base_prefix, "version": "%d.%d" % sys.version_info[:2],
