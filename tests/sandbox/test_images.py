@@ -364,3 +364,26 @@ def test_files_are_read_only_and_concurrent_builders_build_once(tmp_path):
                "try:\n    open('/image/files/new.txt', 'w')\nexcept OSError as e:\n"
                "    print(type(e).__name__)")
     assert r.ok and r.stdout.split() == [b"checkout", b"OSError"], r
+
+
+BUILD = """
+import sys
+from traingym.sandbox.images import get_image
+image = get_image({"files": sys.argv[1]}, cache=sys.argv[2], progress=lambda line: None)
+print("BUILT" if image.build_s is not None else "FOUND", image.path)
+"""
+
+
+def test_builders_in_two_processes_build_once(tmp_path):
+    """Two processes asking for one new image at once: one builds, the other finds it (waiting
+    on the lock file when their builds overlap; the threads test above forces the overlap)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.txt").write_text("a")
+    cache = tmp_path / "cache"
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD, str(repo), str(cache)],
+                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = sorted(p.communicate(timeout=120)[0].split()[0] for p in procs)
+    assert [p.returncode for p in procs] == [0, 0]
+    assert outs == ["BUILT", "FOUND"], outs
+    assert len([p for p in cache.iterdir() if not p.name.endswith(".lock")]) == 1
