@@ -88,7 +88,8 @@ for name in ("numpy", "traingym", "pytest", "pydantic"):
 print(json.dumps({"path": sys.path, "found": found, "version": sys.version,
       "flags": [sys.flags.isolated,
       sys.flags.no_user_site], "env": sorted(os.environ),
-      "listings": {d: os.listdir(d) for d in sys.argv[1:] if os.path.isdir(d)}}))
+      "listings": {d: os.listdir(d) for d in sys.argv[1:] if os.path.isdir(d)},
+      "writable": [d for d in sys.argv[1:] if os.access(d, os.W_OK)]}))
 """.replace("sys.argv[1:]", repr(interp.masked_dirs())))
     assert r.ok, r
     out = json.loads(r.stdout)
@@ -101,6 +102,7 @@ print(json.dumps({"path": sys.path, "found": found, "version": sys.version,
     assert out["version"] == interp.full_version  # its own libpython, not another Python's
     assert "PYTHONPATH" not in out["env"] and "PYTHONNOUSERSITE" in out["env"]
     assert out["listings"] and all(v == [] for v in out["listings"].values()), out["listings"]
+    assert out["writable"] == []  # read-only: nothing planted there outlives a pool session
 
 
 def test_argv_python_sees_no_host_package_either():
