@@ -21,6 +21,9 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="tiny model, seconds-long run")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--backend", default="bwrap", help="sandbox backend (bwrap or process)")
+    parser.add_argument("--requirement", action="append", default=[],
+                        help="a package the sandbox image provides (repeatable, e.g. numpy); "
+                        "none: the standard library only (docs/sandbox.md)")
     parser.add_argument("--run-dir", default=None)
     args = parser.parse_args()
 
@@ -35,7 +38,8 @@ def main() -> None:
     config = traingym.build_config("tiny" if args.tiny else "default", overrides=overrides)
 
     result = traingym.train(config, dataset=train_rows, eval_dataset=heldout,
-                            env=CodeEnvMaker(args.backend), run_dir=args.run_dir)
+                            env=CodeEnvMaker(args.backend, image={"requirements": args.requirement}),
+                            run_dir=args.run_dir)
     final = result.final_metrics
     print("final training reward (fraction of hidden tests passed):",
           round(final["reward_mean"], 3))
