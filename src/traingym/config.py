@@ -57,19 +57,43 @@ class TaskConfig(_Strict):
     name: str = Field("arith", description="built-in task (envs/tasks.py): 'arith' "
                       "(single-digit a+b, a-b, a*b) or 'add2' (a+b for a, b in 0..19); its "
                       "rows are unused when `dataset` is given")
-    dataset: str | None = Field(None, description="training rows: a JSONL file or a local "
-                                "`datasets` folder; each row needs 'prompt' and 'answer'")
+    dataset: str | None = Field(None, description="training rows: a JSONL file, a local "
+                                "`datasets` folder (save_to_disk) or a hub dataset 'hf:owner/name'"
+                                "; each row needs 'prompt' (see `columns`)")
     eval_dataset: str | None = Field(None, description="held-out rows, same format")
+    columns: dict[str, str] = Field({}, description="dataset column for each field, e.g. "
+                                    "{prompt = 'question', answer = 'solution'}; fields: prompt, "
+                                    "answer, messages (a list-of-chat-messages column used as the "
+                                    "prompt); unmapped fields keep their own names")
+    split: str | None = Field(None, description="split of a DatasetDict folder or hub dataset "
+                              "to train on; None: 'train'")
+    eval_split: str | None = Field(None, description="split of task.dataset to evaluate on "
+                                   "(when task.eval_dataset is not given)")
     reward: str | None = Field(None, description="'module:function' taking a Sample, returning "
                                "float (the single-turn env; unused when `env` is given)")
     env: str | None = Field(None, description="'module:function' or 'module:Class' building an "
-                            "Env from (example, renderer), e.g. a MultiTurnEnv subclass; None: "
+                            "Env from (example, renderer), e.g. a MultiTurnEnv subclass; or "
+                            "'gym:<id>' for a Gymnasium text env (envs/gym_text.py); None: "
                             "the single-turn env over `reward`")
     group_reward: str | None = Field(None, description="'module:function' taking the G samples "
                                      "of a group, returning their G rewards (optional)")
     prefill: str = Field("The answer is", description="text the assistant turn starts with")
     system_prompt: str | None = Field(None, description="system message; None keeps the "
                                       "chat template's default")
+
+    @field_validator("columns")
+    @classmethod
+    def _known_columns(cls, v: dict[str, str]) -> dict[str, str]:
+        fields = ("prompt", "answer", "messages")
+        bad = [k for k in v if k not in fields]
+        if bad:
+            raise ValueError(f"task.columns: unknown field(s) {bad}; map any of {list(fields)} to "
+                             f"a dataset column, e.g. {{prompt = 'question'}}"
+                             f"{did_you_mean(bad[0], fields)}")
+        if "prompt" in v and "messages" in v:
+            raise ValueError("task.columns maps both prompt and messages: the prompt is one "
+                             "column, either text (prompt) or a list of chat messages (messages)")
+        return v
 
     @field_validator("name")
     @classmethod
