@@ -142,12 +142,14 @@ def eval_rows(cfg: Config, dataset=None) -> list[dict]:
     if n < 1:
         raise ConfigError("eval.num_prompts=0: nothing to evaluate; set eval.num_prompts >= 1")
     if dataset is not None:
-        rows = load_rows(dataset)[:n]
+        rows = load_rows(dataset, t.columns)[:n]
     elif t.eval_dataset is not None:
-        rows = load_rows(t.eval_dataset)[:n]
+        rows = load_rows(t.eval_dataset, t.columns)[:n]
+    elif t.dataset is not None and t.eval_split is not None:
+        rows = load_rows(t.dataset, t.columns, t.eval_split)[:n]
     elif t.dataset is not None:
         raise ConfigError("task.dataset has no held-out rows here: give the eval rows "
-                          "(--dataset / dataset=, or task.eval_dataset)")
+                          "(--dataset / dataset=, task.eval_dataset, or task.eval_split)")
     else:
         rows = builtin_task(t.name, num_heldout=n).heldout
     validate_rows(rows, ("prompt",), "eval dataset")
@@ -161,7 +163,8 @@ def training_rows(run_dir: Path) -> tuple[list[dict], str]:
 
     cfg = run_config(run_dir)
     if cfg.task.dataset is not None:
-        rows, how = load_rows(cfg.task.dataset), f"task.dataset {cfg.task.dataset}"
+        rows = load_rows(cfg.task.dataset, cfg.task.columns, cfg.task.split)
+        how = f"task.dataset {cfg.task.dataset}"
     else:
         rows = builtin_task(cfg.task.name, num_heldout=cfg.eval.num_prompts).train
         how = f"built-in task {cfg.task.name!r} split by eval.num_prompts={cfg.eval.num_prompts}"

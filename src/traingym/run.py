@@ -111,6 +111,10 @@ class Inputs:
 def resolve_env(cfg: Config, env=None, group_reward=None) -> tuple[Callable | None, Callable | None]:
     """The env maker and group hook: arguments first, then config specs."""
     t = cfg.task
+    if env is None and t.env and t.env.startswith("gym:"):
+        from traingym.envs.gym_text import GymMaker
+
+        env = GymMaker(t.env[len("gym:"):])
     env = env or (import_reward(t.env, "task.env") if t.env else None)
     group = group_reward or (import_reward(t.group_reward, "task.group_reward")
                              if t.group_reward else None)
@@ -127,14 +131,21 @@ def resolve_inputs(cfg: Config, dataset=None, eval_dataset=None, reward=None, en
                           "episodes), not both")
     custom = dataset is not None or t.dataset is not None
     if custom:
-        train_rows = load_rows(dataset if dataset is not None else t.dataset)
+        train_rows = load_rows(dataset if dataset is not None else t.dataset, t.columns, t.split)
         src = eval_dataset if eval_dataset is not None else t.eval_dataset
-        eval_rows = load_rows(src)[: cfg.eval.num_prompts] if src is not None else []
+        if src is None and t.eval_split is not None and t.dataset is not None:
+            eval_rows = load_rows(t.dataset, t.columns, t.eval_split)[: cfg.eval.num_prompts]
+        else:
+            eval_rows = (load_rows(src, t.columns)[: cfg.eval.num_prompts] if src is not None
+                         else [])
         reward_fn = reward or (import_reward(t.reward) if t.reward else None)
         if reward_fn is None and env is None:
             raise ConfigError("a custom dataset needs a reward: pass reward= or set "
                               "task.reward='module:function'")
     else:
+        if t.env and t.env.startswith("gym:"):
+            raise ConfigError(f"task.env={t.env!r} needs episodes: set task.dataset to rows "
+                              "like {prompt: '', seed: 0} (one per episode; envs/gym_text.py)")
         if eval_dataset is not None or t.eval_dataset is not None:
             raise ConfigError("task.eval_dataset needs task.dataset: the built-in task "
                               f"{t.name!r} brings its own held-out rows")
