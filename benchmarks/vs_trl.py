@@ -2,6 +2,7 @@
 
     python benchmarks/vs_trl.py                  # 20 steps each, about 10-15 minutes on 2 cores
     python benchmarks/vs_trl.py --steps 2        # smoke run
+    python benchmarks/vs_trl.py --no-drop        # equal work: traingym trains every group
 
 Equal on both sides: the embedded SmolLM2-135M-Instruct (same safetensors folder), the built-in
 `arith` task (same train rows; the same 128 held-out rows), identical prompt token ids (the chat
@@ -28,6 +29,17 @@ its completions never contain it. TRL's gradient checkpointing (its default) is 
 since traingym does not recompute activations. Data order and sampling noise differ (the
 same seed drives different code), so one run of each is one draw: the reward comparison is
 as good as its standard errors, not better.
+
+`--no-drop` gives the equal-work comparison: traingym runs GRPOAllGroups (below: GRPO with
+`drop_equal_groups = False`, picked by its 'vs_trl:GRPOAllGroups' path as algorithm.name,
+which the registry accepts), so a group whose rewards are all equal is trained with zero
+advantage as TRL trains it, and the loss is divided by all the batch's tokens, as TRL's
+"dapo" loss divides it: both sides then run forward and backward over every completion, and
+the s/step ratio does not depend on dropping. Its result goes to
+benchmarks/results/vs_trl_no_drop.json unless --out says otherwise, beside today's figure in
+vs_trl.json. Zero-advantage tokens add nothing to the gradient; only the divisor grows (a
+smaller gradient before clipping and AdamW's scaling), so the update differs from the default
+run's and the held-out reward is a separate draw.
 """
 
 from __future__ import annotations
@@ -42,8 +54,17 @@ import sys
 import time
 from pathlib import Path
 
+from traingym.algorithms.grpo import GRPO
+
 PREFILL = "The answer is"
 PROMPTS, GROUP, NEW_TOKENS, TEMP, LR, HELDOUT = 16, 4, 8, 1.0, 1e-5, 128
+
+
+class GRPOAllGroups(GRPO):
+    """GRPO that trains every group (--no-drop): all-equal groups carry zero advantage but
+    still cost a forward and backward pass and count in the loss divisor, as in TRL."""
+
+    drop_equal_groups = False
 
 
 def peak_rss_gb() -> float:
@@ -62,7 +83,8 @@ def run_traingym(a, work: Path) -> dict:
                     "max_new_tokens": NEW_TOKENS, "ignore_eos": True},
         "trainer": {"lr": LR, "betas": [0.9, 0.99], "weight_decay": 0.0, "grad_clip": 1.0,
                     "bf16_autocast": True},
-        "algorithm": {"name": "grpo", "clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0,
+        "algorithm": {"name": "vs_trl:GRPOAllGroups" if a.no_drop else "grpo",
+                      "clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0,
                       "normalize_std": False},
         "eval": {"num_prompts": HELDOUT, "before": False, "after": False}})
     t0 = time.monotonic()
@@ -181,7 +203,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip", type=int, default=2, help="first steps left out of the median")
-    p.add_argument("--out", default="benchmarks/results/vs_trl.json")
+    p.add_argument("--no-drop", action="store_true",
+                   help="equal work: traingym trains every group, none dropped (GRPOAllGroups)")
+    p.add_argument("--out", default=None, help="result file (default benchmarks/results/"
+                   "vs_trl.json; with --no-drop vs_trl_no_drop.json)")
     p.add_argument("--work", default=None, help="scratch folder (default runs/vs_trl-<time>)")
     p.add_argument("--worker", choices=["traingym", "trl", "eval"], help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -190,6 +215,8 @@ def main() -> None:
         fn = {"traingym": run_traingym, "trl": run_trl, "eval": run_eval}[a.worker]
         (work / f"{a.worker}.json").write_text(json.dumps(fn(a, work), indent=1))
         return
+    out = a.out or ("benchmarks/results/vs_trl_no_drop.json" if a.no_drop
+                     else "benchmarks/results/vs_trl.json")
     work.mkdir(parents=True, exist_ok=False)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": str(a.threads),
@@ -200,7 +227,8 @@ def main() -> None:
         t0, load[worker] = time.monotonic(), [os.getloadavg()[0]]
         subprocess.run([sys.executable, __file__, "--worker", worker, "--work", str(work),
                         "--steps", str(a.steps), "--threads", str(a.threads),
-                        "--seed", str(a.seed)], env=env, check=True)
+                        "--seed", str(a.seed), *(["--no-drop"] if a.no_drop else [])],
+                       env=env, check=True)
         proc_wall[worker] = time.monotonic() - t0
         load[worker].append(os.getloadavg()[0])  # other users' jobs share the 2 cores
         results[worker] = json.loads((work / f"{worker}.json").read_text())
@@ -224,6 +252,8 @@ def main() -> None:
     import trl
 
     report = {"date": time.strftime("%Y-%m-%d"), "steps": a.steps, "threads": a.threads,
+              "no_drop": a.no_drop, "traingym_algorithm": ("GRPOAllGroups (every group "
+                                                           "trained)" if a.no_drop else "grpo"),
               "seed": a.seed, "settings": {"prompts_per_step": PROMPTS, "group_size": GROUP,
                                            "new_tokens": NEW_TOKENS, "temperature": TEMP,
                                            "lr": LR, "heldout_prompts": HELDOUT},
@@ -232,9 +262,9 @@ def main() -> None:
               "speed": speed, "ratio_trl_over_traingym": ratio, "process_wall_s": proc_wall,
               "loadavg_1min_before_after": load,
               "eval": ev, "per_step": results, "work_dir": str(work)}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(report, indent=1))
-    print(f"wrote {a.out}")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(report, indent=1))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
