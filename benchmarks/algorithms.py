@@ -13,10 +13,10 @@ average before and after, the command line.
     PYTHONPATH=src .venv/bin/python benchmarks/algorithms.py --model tiny --steps 2 \\
         --out /tmp/algorithms_smoke.json                                   # smoke, a minute
 
-A default run takes long on a CPU (about two minutes a step on the 2-core AVX2 machine:
-benchmarks/results/default_run.json), so the full script is meant for a quiet machine or a
-GPU. Not covered: more than one seed per algorithm; cispo, dr_grpo, reinforce_pp (add them to
---algorithms).
+The default run takes about 5 minutes per algorithm on the quiet 2-core machine (194 s of loop
+in benchmarks/results/default_run.json, plus the two evaluations); the result file is rewritten
+after every algorithm, so an interrupted sweep keeps the runs it finished. Not covered: more
+than one seed per algorithm.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def main() -> None:
             r = out["runs"][-1]
             delta = r["eval"].get("delta", {}).get(r["eval"].get("target_metric", ""), {})
             print(f"{name}: held-out delta {delta} in {r['wall_s']:.0f} s", flush=True)
-    out["load_after"] = os.getloadavg()
-    Path(a.out).write_text(json.dumps(out, indent=1))
+            out["load_after"] = os.getloadavg()
+            Path(a.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {a.out}")
 
 
