@@ -41,6 +41,10 @@ class EngineAbilities:
     (async.inflight_updates needs it)."""
     crosses_processes: bool = False
     """Can be built inside an async engine process or a Ray actor (from the config alone)."""
+    step_decoding: bool = False
+    """Has `step_decoder(max_rows=None)`, a rollout/continuous.py StepDecoder (admit / step /
+    retire rows between decode steps): `traingym serve` batches continuously on it. Engines
+    without it get whole `generate` calls (serve/batching.py)."""
 
 
 class EngineUnavailable(RuntimeError):

@@ -252,12 +252,30 @@ class FusedDecoder:
         h = self._layers(h, pos_B[:, None], cache, length, masks)
         return self._logits(h[:, -1])
 
-    def _layers(self, h, pos_B_T, cache, start: int, masks):
+    @torch.no_grad()
+    def decode_rows(self, tok_B, pos_B, cache, slot_B, first_B):
+        """One token per row, each row at its own cache slot (continuous batching,
+        rollout/continuous.py): row b writes slot slot_B[b] and attends to its slots
+        first_B[b]..slot_B[b]. `cache` may be views over the first rows and slots of a larger
+        cache (writes go through to it)."""
+        h = self._embed(tok_B[:, None])
+        S = cache[0][0].shape[2]
+        slots_S = torch.arange(S, device=tok_B.device)
+        full_B_S = (slots_S >= first_B[:, None]) & (slots_S <= slot_B[:, None])
+        masks = {None: full_B_S[:, None, None, :]}
+        for w in self.window_sizes:  # the query at slot q sees key slots q-W+1..q
+            masks[w] = (full_B_S & (slot_B[:, None] - slots_S < w))[:, None, None, :]
+        h = self._layers(h, pos_B[:, None], cache, slot_B, masks)
+        return self._logits(h[:, -1])
+
+    def _layers(self, h, pos_B_T, cache, start, masks):
+        """`start`: the cache slot of the first of the T tokens, one int for all rows, or a
+        (B,) tensor of one slot per row (then T == 1)."""
         B, T, _ = h.shape
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
         rms, linear, rotate = self._rms, self._linear, self._rotate
         ropes = self._rope(pos_B_T, h.dtype)
-        end = start + T
+        end = start + T if isinstance(start, int) else None
         for (ln1, qkv_w, qkv_b, o_w, o_b, ln2, gu_w, gu_b, down_w, down_b, q_norm, k_norm,
              post_attn, post_ff, window, rope, scale, softcap), (k_cache, v_cache) in zip(
                 self.layers, cache):
@@ -266,8 +284,13 @@ class FusedDecoder:
             if q_norm is not None:
                 q, k = rms(q, q_norm), rms(k, k_norm)
             cos, sin = ropes[rope]
-            k_cache[:, :, start:end] = rotate(k, cos, sin)
-            v_cache[:, :, start:end] = v
+            if isinstance(start, torch.Tensor):  # one token per row, each at its own slot
+                rows_B = torch.arange(B, device=h.device)
+                k_cache[rows_B, :, start] = rotate(k, cos, sin)[:, :, 0]
+                v_cache[rows_B, :, start] = v[:, :, 0]
+            else:
+                k_cache[:, :, start:end] = rotate(k, cos, sin)
+                v_cache[:, :, start:end] = v
             q = rotate(q, cos, sin)
             mask = masks[window]
             if T == 1:  # over the whole (contiguous) cache; unfilled slots are masked out

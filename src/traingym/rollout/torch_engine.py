@@ -19,6 +19,9 @@ from the new weights and each completion records the version per token
 computed by the old weights (as PipelineRL does); the trainer's importance correction sees
 each token's own log-prob.
 
+Step-level decoding (rows joining and leaving between decode steps, for `traingym serve`'s
+continuous batching) is `step_decoder()`, rollout/continuous.py; `generate` does not use it.
+
 Not covered: stop strings (stop token ids only), speculative decoding, paged attention.
 """
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 from typing import Callable
 
 import torch
@@ -96,6 +100,16 @@ class TorchEngine:
         self.between_steps: Callable[[], None] | None = None
         # The fused decode path (rollout/fused_decoder.py) where the architecture allows it.
         self.fused = FusedDecoder(self.model) if fused and supports(self.model) else None
+        # per instance: step-level decoding (continuous batching) needs the fused path
+        self.abilities = dataclasses.replace(TorchEngine.abilities,
+                                             step_decoding=self.fused is not None)
+
+    def step_decoder(self, max_rows: int | None = None):
+        """A rollout/continuous.py StepDecoder over this engine (rows up to `max_rows`,
+        default `max_batch_rows`); only where `abilities.step_decoding`."""
+        from traingym.rollout.continuous import StepDecoder
+
+        return StepDecoder(self, max_rows)
 
     def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         own = self.model.state_dict()  # tensors share storage with the model's parameters
