@@ -180,3 +180,86 @@ def finish(tok, ids: list[int], finish_reason: str, stops: list[str],
         ends = [min(e, cut) for e in ends[: len(body)]]
     pieces = [text[a:b] for a, b in zip([0] + ends[:-1], ends)]
     return text, len(body), finish_reason, pieces
+
+
+class TextStream:
+    """The text of one completion as its tokens arrive, for token-by-token streaming.
+
+    `feed(token)` returns (new text, tokens released): text goes out once it is final, i.e.
+    no trailing incomplete character (a byte-level piece that decodes to U+FFFD waits for
+    the rest of its bytes) and no trailing part that could begin a stop string (held until
+    the next tokens show whether the stop string follows). A token is released (its
+    log-probs may be sent) once the text sent covers it. On a stop string, the text ends
+    before it and `stopped` is set; the caller ends the row. `end(reason)` flushes the rest.
+    The pieces sent concatenate to `finish`'s text for the same tokens, and the tokens
+    released are `finish`'s kept tokens, with `piece(i)` its pieces, for tokenizers whose
+    decode of a prefix is a prefix of the decode (byte-level BPE, SentencePiece). Each token
+    decodes the whole completion again: quadratic in its length, as `finish` is."""
+
+    def __init__(self, tok, stops: list[str], stop_ids):
+        self.tok, self.stops, self.stop_ids = tok, [s for s in stops if s], set(stop_ids)
+        self.ids: list[int] = []
+        self.ends: list[int] = []  # where each token's text ends (held back mid-character)
+        self.text, self.sent, self.released = "", 0, 0
+        self.finish_reason: str | None = None
+        self.stopped = False  # by a stop string
+
+    def start(self, i: int) -> int:
+        return self.ends[i - 1] if i else 0
+
+    def piece(self, i: int) -> str:
+        return self.text[self.start(i):min(self.ends[i], self.sent)]
+
+    def feed(self, token: int) -> tuple[str, list[int]]:
+        if self.finish_reason is not None:
+            return "", []
+        if token in self.stop_ids:
+            return self.end("stop")
+        self.ids.append(token)
+        self.text = self.tok.decode(self.ids, skip_special_tokens=False)
+        stable = self.ends[-1] if self.ends else 0
+        if not self.text.endswith("\ufffd"):
+            stable = len(self.text)
+        self.ends.append(stable)
+        cut = self._stop_at(self.text)
+        if cut >= 0:
+            self.stopped = True
+            return self._close(cut, "stop")
+        return self._send(stable - self._held(self.text[:stable]))
+
+    def end(self, reason: str) -> tuple[str, list[int]]:
+        """The rest of the text (the completion ended: `reason` 'stop' or 'length')."""
+        if self.finish_reason is not None:
+            return "", []
+        return self._close(len(self.text), reason, keep_all=True)
+
+    def _stop_at(self, text: str) -> int:
+        return min((p for p in (text.find(s) for s in self.stops) if p >= 0), default=-1)
+
+    def _held(self, text: str) -> int:
+        """Length of the longest end of `text` that begins a stop string."""
+        for k in range(min(len(text), max((len(s) for s in self.stops), default=1) - 1), 0, -1):
+            if any(s.startswith(text[-k:]) for s in self.stops):
+                return k
+        return 0
+
+    def _send(self, upto: int) -> tuple[str, list[int]]:
+        new = self.text[self.sent:upto] if upto > self.sent else ""
+        self.sent = max(self.sent, upto)
+        done = self.released
+        while (done < len(self.ids) and self.ends[done] <= self.sent
+               and self.start(done) < self.sent):
+            done += 1
+        out, self.released = list(range(self.released, done)), done
+        return new, out
+
+    def _close(self, cut: int, reason: str, keep_all: bool = False) -> tuple[str, list[int]]:
+        self.finish_reason = reason
+        if self.ends:
+            self.ends[-1] = len(self.text)
+        new = self.text[self.sent:cut]
+        self.sent = cut
+        keep = [i for i in range(self.released, len(self.ids))
+                if keep_all or self.start(i) < cut]
+        self.released = len(self.ids)
+        return new, keep
