@@ -1,0 +1,382 @@
+"""LLM judges: a reward from a language model's verdict on each completion, served by any
+engine of the engine seam (rollout/registry.py): the built-in torch engine on a local model or
+checkpoint, vllm, or the read-only `openai` engine pointed at an OpenAI-compatible URL.
+
+Config (`[task.judge]`, a JudgeConfig): the engine and its options, the judge's model, a prompt
+template with {prompt} (the row's prompt; chat messages as 'role: content' lines),
+{completion} (task.prefill + the policy's completion) and {answer} (the row's 'answer'), a parse
+rule, max_tokens, temperature, timeout_s and `on_failure`. The episode is single-turn (the
+JudgeEnv here): the policy answers, the judge scores; task.reward is not used.
+
+Parse rules (`parse`), applied to the judge's decoded answer:
+- 'yes_no': the first word 'yes' or 'no' (any case) -> 1.0 / 0.0;
+- 'number': the first number (e.g. '7', '-2.5') -> its value;
+- 'regex:<pattern>': the first match of the pattern; its first group (or the whole match when
+  it has none) must be a number -> its value.
+`score_range = [lo, hi]` rejects a parsed score outside it. The reward is the score.
+
+Failures: the engine call raising, passing `timeout_s`, or an answer the rule cannot parse
+(or out of range). `on_failure` says what such a sample counts as, never a silent 0:
+- 'error' (default): the run stops with a JudgeError naming the sample and the reason;
+- 'score:<x>': reward x, the failure recorded;
+- 'drop': the sample is marked (its step info's 'drop', Sample.drop_reason): its group is left
+  out of the training batch and counted in groups_dropped (algorithms/base.py), and
+  evaluation leaves the sample out of its prompt's mean (evaluate.py).
+Every judged sample records, in its env_info (samples.jsonl), {'judge': {'prompt', 'answer',
+'score', 'failure', 'reward', 'batch'}}: the judge's prompt text, its raw answer (None when the
+call failed), the parsed score, the failure reason (None when it worked), the reward given
+and how many samples shared the engine call.
+
+Batching: the judge calls of one turn of one collection go to the engine as one
+`generate` call (the runner steps every episode of the batch concurrently; the judge waits
+until no further request arrives within the loop's pending callbacks, then sends them all).
+One Judge (engine + tokenizer) is built per event loop of the run, on first use, and closed
+with that loop (envs/resources.py): the training runner and each evaluation build their own.
+
+Not covered: judging multi-turn episodes; pairwise or group-relative judging (use
+task.group_reward over the judged samples); a judge engine shared across runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import string
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+FIELDS = ("prompt", "completion", "answer")
+DEFAULT_PROMPT = (
+    "Question: {prompt}\nReference answer: {answer}\nStudent answer: {completion}\n\n"
+    "Is the student answer correct? Answer yes or no.")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_YES_NO = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
+
+
+class JudgeError(RuntimeError):
+    """A judge failed with task.judge.on_failure='error' (or a row lacks what the prompt
+    template needs); the message names the sample."""
+
+
+class ParseFailure(ValueError):
+    """The judge's answer did not parse under the rule; the message says why."""
+
+
+class JudgeConfig(BaseModel):
+    """[task.judge]: a reward from an LLM judge (envs/judge.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(description="the judge's weights: 'tiny', 'embedded', a local HF folder "
+                       "or a run's checkpoint folder (engines that take weights); for "
+                       "engine='openai', the folder (or 'tiny'/'embedded') of the tokenizer "
+                       "the server uses")
+    engine: str = Field("torch", description="the judge's engine (rollout/registry.py): "
+                        "'torch', 'vllm', 'openai' (an OpenAI-compatible URL) or 'module:Class'")
+    engine_options: dict[str, Any] = Field(default_factory=dict, description="the engine's "
+                                           "options, e.g. openai: {base_url = 'http://...'}")
+    prompt: str = Field(DEFAULT_PROMPT, description="the judge's prompt, with {prompt}, "
+                        "{completion} and {answer}; sent as one user message through the "
+                        "judge's chat template (see `chat`)")
+    parse: str = Field("yes_no", description="'yes_no', 'number' or 'regex:<pattern>' "
+                       "(module docstring)")
+    score_range: tuple[float, float] | None = Field(None, description="[lo, hi]: a parsed "
+                                                    "score outside is a failure")
+    max_tokens: int = Field(16, ge=1, description="tokens the judge may write")
+    temperature: float = Field(0.0, ge=0, description="the judge's sampling temperature "
+                               "(0: greedy)")
+    timeout_s: float = Field(120.0, gt=0, description="seconds one batched judge call may "
+                             "take; past it every sample of the call failed")
+    on_failure: str = Field("error", description="what a failed or unparseable judgement "
+                            "counts as: 'error' (stop the run), 'score:<x>' (reward x) or "
+                            "'drop' (leave the sample's group out of training)")
+    chat: bool = Field(True, description="render the prompt with the judge tokenizer's chat "
+                       "template (False: the raw text)")
+    seed: int = Field(0, description="seed of the judge's sampling (temperature > 0)")
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto", description="dtype of the judge engine's weights (as model.engine_dtype)")
+
+    @field_validator("prompt")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        try:
+            names = [f for _, f, _, _ in string.Formatter().parse(v) if f is not None]
+        except ValueError as e:
+            raise ValueError(f"task.judge.prompt is not a valid template ({e}); write literal "
+                             "braces as {{ and }}") from None
+        bad = [n for n in names if n not in FIELDS]
+        if bad:
+            raise ValueError(f"task.judge.prompt names {bad}; it may use only {{prompt}}, "
+                             "{completion} and {answer} (write literal braces as {{ and }})")
+        if "completion" not in names:
+            raise ValueError("task.judge.prompt has no {completion}: the judge would not see "
+                             "what it judges; add {completion} to the template")
+        return v
+
+    @field_validator("parse")
+    @classmethod
+    def _rule(cls, v: str) -> str:
+        if v in ("yes_no", "number"):
+            return v
+        if v.startswith("regex:"):
+            try:
+                re.compile(v[len("regex:"):])
+            except re.error as e:
+                raise ValueError(f"task.judge.parse {v!r}: the pattern does not compile ({e})"
+                                 ) from None
+            return v
+        raise ValueError(f"task.judge.parse={v!r}: use 'yes_no', 'number' or "
+                         "'regex:<pattern>' (e.g. 'regex:Score: (\\d+)')")
+
+    @field_validator("on_failure")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        if v in ("error", "drop"):
+            return v
+        if v.startswith("score:"):
+            try:
+                x = float(v[len("score:"):])
+            except ValueError:
+                x = math.nan
+            if math.isfinite(x):
+                return v
+        raise ValueError(f"task.judge.on_failure={v!r}: use 'error', 'drop' or 'score:<x>' "
+                         "with a finite number x (e.g. 'score:0')")
+
+    @model_validator(mode="after")
+    def _engine(self) -> JudgeConfig:
+        from traingym.rollout import registry
+
+        try:
+            registry.options(self.engine, self.engine_options)
+        except ValueError as e:
+            raise ValueError(str(e).replace("rollout.engine_options",
+                                            "task.judge.engine_options")) from None
+        if self.score_range is not None and not self.score_range[0] < self.score_range[1]:
+            raise ValueError(f"task.judge.score_range={list(self.score_range)}: lo must be "
+                             "below hi")
+        return self
+
+
+def parse_score(rule: str, text: str) -> float:
+    """The score `rule` reads from the judge's answer `text`; ParseFailure says why not."""
+    if rule == "yes_no":
+        m = _YES_NO.search(text)
+        if m is None:
+            raise ParseFailure(f"no 'yes' or 'no' in the answer {text[:80]!r}")
+        return 1.0 if m.group(1).lower() == "yes" else 0.0
+    if rule == "number":
+        m = _NUMBER.search(text)
+        if m is None:
+            raise ParseFailure(f"no number in the answer {text[:80]!r}")
+        return float(m.group())
+    pattern = rule[len("regex:"):]
+    m = re.search(pattern, text)
+    if m is None:
+        raise ParseFailure(f"pattern {pattern!r} does not match the answer {text[:80]!r}")
+    found = m.group(1) if m.groups() else m.group()
+    try:
+        value = float(found)
+    except (TypeError, ValueError):
+        raise ParseFailure(f"pattern {pattern!r} matched {found!r}, which is not a number"
+                           ) from None
+    if not math.isfinite(value):
+        raise ParseFailure(f"pattern {pattern!r} matched {found!r}, not a finite number")
+    return value
+
+
+def prompt_text(example: dict[str, Any]) -> str:
+    """The row's prompt as the judge reads it: the text, or chat messages as lines."""
+    p = example.get("prompt", "")
+    if isinstance(p, str):
+        return p
+    return "\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in p)
+
+
+def judge_prompt(cfg: JudgeConfig, example: dict[str, Any], completion: str) -> str:
+    if "{answer}" in cfg.prompt.replace("{{", "").replace("}}", "") and "answer" not in example:
+        raise JudgeError(f"task.judge.prompt uses {{answer}} but the row {example!r:.200} has "
+                         "no 'answer' (map a column with task.columns.answer, or drop {answer} "
+                         "from the template)")
+    return cfg.prompt.format(prompt=prompt_text(example), completion=completion,
+                             answer=example.get("answer", ""))
+
+
+@dataclass
+class Verdict:
+    prompt: str  # the judge's prompt text (the template filled in)
+    answer: str | None  # the judge's raw answer; None when the call failed
+    score: float | None  # the parsed score; None on failure
+    failure: str | None  # why the judgement failed; None when it worked
+    batch: int  # samples that shared the engine call
+
+    def record(self, reward: float | None) -> dict[str, Any]:
+        return {"prompt": self.prompt, "answer": self.answer, "score": self.score,
+                "failure": self.failure, "reward": reward, "batch": self.batch}
+
+
+class Judge:
+    """The judge's engine and tokenizer on one event loop, batching the judgements asked of
+    it (module docstring). `calls` counts engine.generate calls (tests, logs)."""
+
+    def __init__(self, cfg: JudgeConfig, engine, tokenizer):
+        from traingym.models.families import stop_token_ids
+
+        self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
+        self.stop_ids = stop_token_ids(tokenizer)
+        self.calls = 0
+        self._pending: list[tuple[str, asyncio.Future]] = []
+        self._flusher: asyncio.Task | None = None
+        self._count = 0
+
+    async def judge(self, text: str) -> Verdict:
+        """The verdict on one filled-in judge prompt (batched with the other pending ones)."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._pending.append((text, fut))
+        if self._flusher is None:
+            self._flusher = loop.create_task(self._flush())
+        return await fut
+
+    def _ids(self, text: str) -> tuple[int, ...]:
+        if self.cfg.chat:
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    async def _flush(self) -> None:
+        n = -1
+        while n != len(self._pending):  # let every episode stepping now add its request
+            n = len(self._pending)
+            await asyncio.sleep(0)
+        batch, self._pending, self._flusher = self._pending, [], None
+        try:
+            answers, error = await self._generate([t for t, _ in batch]), None
+        except asyncio.TimeoutError:
+            answers, error = None, f"timeout: no answer within timeout_s={self.cfg.timeout_s}"
+        except asyncio.CancelledError:
+            for _, fut in batch:
+                fut.cancel()
+            raise
+        except Exception as e:  # recorded per sample and scored as on_failure says
+            answers, error = None, f"judge call failed: {type(e).__name__}: {e}"
+        for i, (text, fut) in enumerate(batch):
+            if fut.done():
+                continue
+            if answers is None:
+                fut.set_result(Verdict(text, None, None, error, len(batch)))
+                continue
+            try:
+                score, failure = self._check(parse_score(self.cfg.parse, answers[i])), None
+            except ParseFailure as e:
+                score, failure = None, f"unparseable: {e}"
+            fut.set_result(Verdict(text, answers[i], score, failure, len(batch)))
+
+    def _check(self, score: float) -> float:
+        r = self.cfg.score_range
+        if r is not None and not r[0] <= score <= r[1]:
+            raise ParseFailure(f"score {score:g} is outside score_range [{r[0]:g}, {r[1]:g}]")
+        return score
+
+    async def _generate(self, texts: list[str]) -> list[str]:
+        from traingym.rollout.runner import stream_seed
+        from traingym.types import GenerationRequest, SamplingParams
+
+        params = SamplingParams(temperature=self.cfg.temperature,
+                                max_new_tokens=self.cfg.max_tokens, stop_token_ids=self.stop_ids)
+        requests = []
+        for t in texts:
+            requests.append(GenerationRequest(self._ids(t), 1, params,
+                                              stream_seed(self.cfg.seed, self._count)))
+            self._count += 1
+        self.calls += 1
+        comps = await asyncio.wait_for(self.engine.generate(requests), self.cfg.timeout_s)
+        if len(comps) != len(texts) or any(len(c) != 1 for c in comps):
+            raise RuntimeError(f"the judge engine returned {[len(c) for c in comps]} "
+                               f"completions for {len(texts)} requests of 1")
+        return [self.tokenizer.decode(c[0].token_ids, skip_special_tokens=True) for c in comps]
+
+    async def close(self) -> None:
+        self.engine.close()
+
+
+def build_judge(cfg: JudgeConfig) -> Judge:
+    """The judge's engine through the engine registry, on the judge's model (a checkpoint
+    folder's weights loaded over its run's base model) or, for an engine that takes no
+    weights, with the tokenizer of `cfg.model` only."""
+    from traingym.config import Config
+    from traingym.eval_specs import _tokenizer, load_weights, resolve_spec, run_config
+    from traingym.models.loader import load_policy
+    from traingym.rollout import registry
+
+    cls = registry.get(cfg.engine)
+    options = registry.options(cfg.engine, cfg.engine_options)
+    engine_cfg = Config(model={"path": "tiny", "engine_dtype": cfg.dtype},
+                        rollout={"engine": cfg.engine, "engine_options": cfg.engine_options})
+    if not cls.abilities.takes_weights:
+        tok = _tokenizer(cfg.model)
+        return Judge(cfg, cls.from_config(engine_cfg, None, tok, options), tok)
+    spec = resolve_spec(cfg.model)
+    model, tok = load_policy(spec.model_path, seed=cfg.seed)
+    if spec.checkpoint is not None:
+        load_weights(model, run_config(spec.run_dir), spec.checkpoint)
+    return Judge(cfg, cls.from_config(engine_cfg, model, tok, options), tok)
+
+
+def outcome(cfg: JudgeConfig, verdict: Verdict, example: dict[str, Any],
+            completion: str) -> tuple[float, dict[str, Any]]:
+    """(reward, step info) for one verdict under `cfg.on_failure`; JudgeError for 'error'."""
+    if verdict.failure is None:
+        return verdict.score, {"judge": verdict.record(verdict.score)}
+    if cfg.on_failure == "error":
+        raise JudgeError(f"the judge failed on a sample ({verdict.failure})\n  example: "
+                         f"{example!r:.300}\n  completion: {completion!r:.300}\n  judge answer: "
+                         f"{verdict.answer!r:.300}\nfix the judge, or set task.judge.on_failure "
+                         "to 'score:<x>' or 'drop' to go on past failed judgements")
+    if cfg.on_failure == "drop":
+        return 0.0, {"judge": verdict.record(None), "drop": f"judge: {verdict.failure}"}
+    x = float(cfg.on_failure[len("score:"):])
+    return x, {"judge": verdict.record(x)}
+
+
+class JudgeEnv:
+    """One single-turn episode scored by the run's judge (module docstring)."""
+
+    def __init__(self, example: dict[str, Any], renderer, cfg: JudgeConfig):
+        self.example, self.renderer, self.cfg = example, renderer, cfg
+        self._obs = None
+        self._done = False
+
+    async def reset(self):
+        from traingym.types import Observation
+
+        self._obs = Observation(self.renderer.ids(self.example), self.renderer.text(self.example))
+        return self._obs
+
+    async def step(self, completion):
+        from traingym.envs import resources
+        from traingym.types import StepResult
+
+        if self._obs is None or self._done:
+            raise RuntimeError("JudgeEnv is single-use: reset() once, then step() once")
+        self._done = True
+        tok = self.renderer.tokenizer
+        text = self.renderer.prefill + tok.decode(completion.token_ids, skip_special_tokens=True)
+        judge = resources.current().keep_on_loop(
+            ("judge", self.cfg.model_dump_json()), lambda: build_judge(self.cfg),
+            lambda j: j.close())
+        verdict = await judge.judge(judge_prompt(self.cfg, self.example, text))
+        reward, info = outcome(self.cfg, verdict, self.example, text)
+        return StepResult(reward=reward, done=True, info=info)
+
+
+@dataclass
+class JudgeMaker:
+    """Picklable env maker `(example, renderer) -> JudgeEnv` for one judge config."""
+
+    cfg: JudgeConfig
+
+    def __call__(self, example: dict[str, Any], renderer) -> JudgeEnv:
+        return JudgeEnv(example, renderer, self.cfg)
