@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from traingym.algorithms.config import AlgorithmConfig
+from traingym.envs.judge import JudgeConfig
 from traingym.trainer.options import DistillConfig, LoraConfig, SftConfig
 
 
@@ -75,6 +76,9 @@ class TaskConfig(_Strict):
                             "Env from (example, renderer), e.g. a MultiTurnEnv subclass; or "
                             "'gym:<id>' for a Gymnasium text env (envs/gym_text.py); None: "
                             "the single-turn env over `reward`")
+    judge: JudgeConfig | None = Field(None, description="an LLM judge scores each completion "
+                                      "(envs/judge.py: engine, model, prompt, parse, "
+                                      "on_failure); task.reward is then unused")
     group_reward: str | None = Field(None, description="'module:function' taking the G samples "
                                      "of a group, returning their G rewards (optional)")
     prefill: str = Field("The answer is", description="text the assistant turn starts with")
@@ -94,6 +98,13 @@ class TaskConfig(_Strict):
             raise ValueError("task.columns maps both prompt and messages: the prompt is one "
                              "column, either text (prompt) or a list of chat messages (messages)")
         return v
+
+    @model_validator(mode="after")
+    def _judge_or_env(self) -> TaskConfig:
+        if self.judge is not None and self.env is not None:
+            raise ValueError("task.judge scores a single-turn completion and task.env brings "
+                             "its own scoring: set one of them, not both")
+        return self
 
     @field_validator("name")
     @classmethod
