@@ -115,6 +115,10 @@ def resolve_env(cfg: Config, env=None, group_reward=None) -> tuple[Callable | No
         from traingym.envs.gym_text import GymMaker
 
         env = GymMaker(t.env[len("gym:"):])
+    if env is None and t.judge is not None:
+        from traingym.envs.judge import JudgeMaker
+
+        env = JudgeMaker(t.judge)
     env = env or (import_reward(t.env, "task.env") if t.env else None)
     group = group_reward or (import_reward(t.group_reward, "task.group_reward")
                              if t.group_reward else None)
