@@ -113,7 +113,8 @@ def evaluate(model: str | Path | ModelSpec = "embedded", *, config=None, dataset
         import torch
 
         torch.set_num_threads(threads)
-    passed = [[s.reward >= pass_threshold for s in g.samples] for g in groups["sampled"]]
+    passed = [[s.reward >= pass_threshold for s in g.samples if not s.drop_reason]
+              for g in groups["sampled"]]
     scores = {name: group_means(gs) for name, gs in groups.items()}
     scores.update({f"pass@{k}": pass_at_k_score(passed, k) for k in ks})
     summary = {
@@ -161,7 +162,8 @@ def _record(mode: str, group, threshold: float) -> list[dict]:
              "completion": s.completion_text, "reward": s.reward,
              "passed": s.reward >= threshold, "finish_reason": s.finish_reason,
              "turns": s.turns, "prompt_ids": list(s.prompt_ids),
-             "completion_ids": list(s.completion_ids), "example": s.example}
+             "completion_ids": list(s.completion_ids), "example": s.example,
+             "env_info": s.env_info}
             for j, s in enumerate(group.samples)]
 
 

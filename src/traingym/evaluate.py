@@ -41,14 +41,22 @@ class Score:
 
 
 def _score(per_prompt: list[float]) -> Score:
-    n = len(per_prompt)
-    mean = sum(per_prompt) / n
-    var = sum((x - mean) ** 2 for x in per_prompt) / (n - 1) if n > 1 else 0.0
+    """Mean and standard error over prompts; a NaN entry (a prompt whose every sample was
+    dropped, `group_means`) keeps its place in `per_prompt` but is not counted."""
+    counted = [x for x in per_prompt if not math.isnan(x)]
+    n = len(counted)
+    if n == 0:
+        raise ValueError(f"no prompt left to score: all {len(per_prompt)} had every sample "
+                         "dropped (a judge with on_failure='drop' failed on all of them); fix "
+                         "the judge or use on_failure='score:<x>'")
+    mean = sum(counted) / n
+    var = sum((x - mean) ** 2 for x in counted) / (n - 1) if n > 1 else 0.0
     return Score(mean, math.sqrt(var / n), n, per_prompt)
 
 
 def paired_difference(after: Score, before: Score) -> dict:
-    diffs = [a - b for a, b in zip(after.per_prompt, before.per_prompt)]
+    diffs = [a - b for a, b in zip(after.per_prompt, before.per_prompt)
+             if not (math.isnan(a) or math.isnan(b))]
     s = _score(diffs)
     return {"delta": s.mean, "se": s.se, "z": s.mean / s.se if s.se > 0 else None}
 
@@ -73,8 +81,10 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def pass_at_k_score(passed_per_prompt: list[list[bool]], k: int) -> Score:
-    """Mean pass@k over prompts, standard error over prompts."""
-    return _score([pass_at_k(len(p), sum(p), k) for p in passed_per_prompt])
+    """Mean pass@k over prompts, standard error over prompts. A prompt left with fewer than k
+    samples (the others dropped: Sample.drop_reason) is NaN, not counted (`_score`)."""
+    return _score([pass_at_k(len(p), sum(p), k) if len(p) >= k else math.nan
+                   for p in passed_per_prompt])
 
 
 def collect(engine, factory: EnvFactory, rows: list[dict], temperature: float,
@@ -95,7 +105,14 @@ def collect(engine, factory: EnvFactory, rows: list[dict], temperature: float,
 
 
 def group_means(groups: list) -> Score:
-    return _score([sum(s.reward for s in g.samples) / len(g.samples) for g in groups])
+    """Mean reward per prompt over its samples, leaving out samples marked dropped
+    (Sample.drop_reason: a failed judge under on_failure='drop'); a prompt whose samples were
+    all dropped is NaN in per_prompt and not counted (`_score`)."""
+    means = []
+    for g in groups:
+        kept = [s.reward for s in g.samples if not s.drop_reason]
+        means.append(sum(kept) / len(kept) if kept else math.nan)
+    return _score(means)
 
 
 def evaluate(engine, factory: EnvFactory, rows: list[dict], temperature: float,

@@ -100,6 +100,12 @@ class Sample:
     """Per environment step that reported any, the JSON-safe part of its StepResult.info (a
     code env's sandbox verdict); for logs (samples.jsonl), never for the loss."""
 
+    @property
+    def drop_reason(self) -> str | None:
+        """Why this sample must be neither trained on nor counted (an env step's info said
+        'drop': a judge that failed under on_failure='drop', envs/judge.py), else None."""
+        return next((i["drop"] for i in self.env_info if i.get("drop")), None)
+
     def __post_init__(self):
         if self.loss_mask is None:
             self.loss_mask = [1] * len(self.completion_ids)

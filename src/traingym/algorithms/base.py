@@ -148,11 +148,14 @@ class Algorithm:
         return [self.group_advantages(r_G) for r_G in rewards]
 
     def build_batch(self, groups: list[Group]) -> Batch:
-        """Advantages for every group; groups with all-equal (shaped) rewards dropped and
-        counted; with `overlong_filter`, truncated samples removed after their group's
+        """Advantages for every group; groups with all-equal (shaped) rewards, or with a
+        sample marked dropped (Sample.drop_reason), dropped and counted; with `overlong_filter`, truncated samples removed after their group's
         advantages were computed (a group left empty is dropped too)."""
         kept, rewards, dropped = [], [], 0
         for group in groups:
+            if any(s.drop_reason for s in group.samples):  # a reward unknown (envs/judge.py)
+                dropped += 1
+                continue
             r_G = torch.tensor([self.shaped_reward(s) for s in group.samples],
                                dtype=torch.float64)
             if self.drop_equal_groups and bool((r_G == r_G[0]).all()):

@@ -134,7 +134,9 @@ SAMPLE_FIELDS = [
       "default parser): [{'turn', 'name', 'arguments'} or {'turn', 'error'}]; absent when "
       "none"),
     F("env_info", "list", "per environment step that reported any, the JSON-safe part of "
-      "StepResult.info (a code env's sandbox verdict: status, details); absent when none"),
+      "StepResult.info (a code env's sandbox verdict: status, details; an LLM judge's "
+      "{'judge': {prompt, answer, score, failure, reward, batch}} and, for a failed judgement "
+      "under on_failure='drop', 'drop': the reason, envs/judge.py); absent when none"),
 ]
 
 
