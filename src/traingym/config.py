@@ -74,8 +74,11 @@ class TaskConfig(_Strict):
                                "float (the single-turn env; unused when `env` is given)")
     env: str | None = Field(None, description="'module:function' or 'module:Class' building an "
                             "Env from (example, renderer), e.g. a MultiTurnEnv subclass; or "
-                            "'gym:<id>' for a Gymnasium text env (envs/gym_text.py); None: "
-                            "the single-turn env over `reward`")
+                            "'gym:<id>' for a Gymnasium text env (envs/gym_text.py); or "
+                            "'verifiers:<env_id>' for a verifiers environment "
+                            "(envs/verifiers_env.py); None: the single-turn env over `reward`")
+    env_args: dict[str, Any] = Field({}, description="keyword arguments of a 'verifiers:' env's "
+                                     "load_environment or a 'gym:' env's gymnasium.make")
     judge: JudgeConfig | None = Field(None, description="an LLM judge scores each completion "
                                       "(envs/judge.py: engine, model, prompt, parse, "
                                       "on_failure); task.reward is then unused")
@@ -104,6 +107,9 @@ class TaskConfig(_Strict):
         if self.judge is not None and self.env is not None:
             raise ValueError("task.judge scores a single-turn completion and task.env brings "
                              "its own scoring: set one of them, not both")
+        if self.env_args and not (self.env or "").startswith(("verifiers:", "gym:")):
+            raise ValueError("task.env_args apply only to task.env = 'verifiers:<env_id>' or "
+                             "'gym:<id>'; a 'module:function' env takes its settings itself")
         return self
 
     @field_validator("name")
