@@ -150,6 +150,10 @@ def eval_rows(cfg: Config, dataset=None) -> list[dict]:
     elif t.dataset is not None:
         raise ConfigError("task.dataset has no held-out rows here: give the eval rows "
                           "(--dataset / dataset=, task.eval_dataset, or task.eval_split)")
+    elif t.env and t.env.startswith("verifiers:"):
+        from traingym.envs.verifiers_env import env_rows, load_env
+
+        rows = env_rows(load_env(t.env[len("verifiers:"):], t.env_args), n)[1]
     else:
         rows = builtin_task(t.name, num_heldout=n).heldout
     validate_rows(rows, ("prompt",), "eval dataset")
@@ -165,6 +169,12 @@ def training_rows(run_dir: Path) -> tuple[list[dict], str]:
     if cfg.task.dataset is not None:
         rows = load_rows(cfg.task.dataset, cfg.task.columns, cfg.task.split)
         how = f"task.dataset {cfg.task.dataset}"
+    elif cfg.task.env and cfg.task.env.startswith("verifiers:"):
+        from traingym.envs.verifiers_env import env_rows, load_env
+
+        rows = env_rows(load_env(cfg.task.env[len("verifiers:"):], cfg.task.env_args),
+                        cfg.eval.num_prompts)[0]
+        how = f"verifiers env {cfg.task.env} split by eval.num_prompts={cfg.eval.num_prompts}"
     else:
         rows = builtin_task(cfg.task.name, num_heldout=cfg.eval.num_prompts).train
         how = f"built-in task {cfg.task.name!r} split by eval.num_prompts={cfg.eval.num_prompts}"
