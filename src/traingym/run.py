@@ -114,7 +114,11 @@ def resolve_env(cfg: Config, env=None, group_reward=None) -> tuple[Callable | No
     if env is None and t.env and t.env.startswith("gym:"):
         from traingym.envs.gym_text import GymMaker
 
-        env = GymMaker(t.env[len("gym:"):])
+        env = GymMaker(t.env[len("gym:"):], dict(t.env_args))
+    if env is None and t.env and t.env.startswith("verifiers:"):
+        from traingym.envs.verifiers_env import VerifiersMaker
+
+        env = VerifiersMaker(t.env[len("verifiers:"):], dict(t.env_args))
     if env is None and t.judge is not None:
         from traingym.envs.judge import JudgeMaker
 
@@ -146,6 +150,14 @@ def resolve_inputs(cfg: Config, dataset=None, eval_dataset=None, reward=None, en
         if reward_fn is None and env is None:
             raise ConfigError("a custom dataset needs a reward: pass reward= or set "
                               "task.reward='module:function'")
+    elif t.env and t.env.startswith("verifiers:") and hasattr(env, "environment"):
+        from traingym.envs.verifiers_env import env_rows
+
+        if eval_dataset is not None or t.eval_dataset is not None:
+            raise ConfigError("task.eval_dataset needs task.dataset: a verifiers env without "
+                              "task.dataset brings its own rows")
+        train_rows, eval_rows = env_rows(env.environment(), cfg.eval.num_prompts)
+        reward_fn = None
     else:
         if t.env and t.env.startswith("gym:"):
             raise ConfigError(f"task.env={t.env!r} needs episodes: set task.dataset to rows "
