@@ -13,7 +13,8 @@ from traingym.weights.frame import seal
 from traingym.weights.config import WeightSyncConfig, make_publisher, make_subscriber
 from traingym.weights.inproc import InprocConfig, InprocReceiver, InprocSender
 from traingym.weights.realistic import rl_states, tiny_llama
-from traingym.weights.sync import NotServable, Publisher, PublisherConfig, Subscriber
+from traingym.weights.sync import (NotServable, Publisher, PublisherConfig, Subscriber,
+                                   SubscriberConfig)
 
 torch.set_num_threads(1)
 
@@ -103,7 +104,9 @@ def test_foreign_base_is_refused_until_an_anchor(states):
     name = "foreign"
     pub = Publisher(InprocSender(InprocConfig(name=name)), PublisherConfig(codec="delta"))
     pub.publish(states[0], 0)
-    sub = Subscriber(InprocReceiver(InprocConfig(name=name)))
+    # verify_base: the base is re-hashed before every delta (two passes over the state);
+    # by default such a change is caught later (test_lthash.py: the periodic full check)
+    sub = Subscriber(InprocReceiver(InprocConfig(name=name)), SubscriberConfig(verify_base=True))
     sub.poll(1.0)
     sub.state["model.norm.weight"][0] += 1  # local corruption behind the subscriber's back
     pub.publish(states[1], 1)

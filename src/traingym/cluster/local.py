@@ -269,10 +269,11 @@ class LocalEngines:
             if msg[0] == "error":
                 raise EngineError(f"rollout engine {eid} (pid {h.proc.pid}) raised:\n{msg[1]}")
             reports[eid] = msg[1]
+        published = self.publisher.full_hash()  # xxh3 of the state (a delta's `hash` is not)
         for eid, r in sorted(reports.items()):
-            if (r["version"], r["hash"]) != (want, self.publisher.hash):
+            if (r["version"], r["hash"]) != (want, published):
                 raise EngineError(f"rollout engine {eid} holds version {r['version']} with hash "
-                                  f"{r['hash']}, not the published {want} ({self.publisher.hash})")
+                                  f"{r['hash']}, not the published {want} ({published})")
         return [{"engine": eid, **r} for eid, r in sorted(reports.items())]
 
     # ---- weights ------------------------------------------------------------------------

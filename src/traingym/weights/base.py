@@ -30,6 +30,7 @@ class TensorEntry:
     buffers: tuple[int, ...] = ()
     n_changed: int = 0
     params: tuple[int, ...] = ()  # method-specific integers (e.g. Rice parameters)
+    span: tuple[int, ...] = ()  # (start, stop): a piece of the flat tensor; () the whole
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class UpdateHeader:
     tensors: tuple[TensorEntry, ...] = ()
     buffer_sizes: tuple[int, ...] = ()
     body_hash: str = ""
+    full_hash: str = ""  # a delta's target's state_hash (xxh3), on the periodic full checks
 
 
 @dataclass

@@ -14,17 +14,30 @@ delta, per tensor, picks the smallest of:
 - raw: the new bytes. Never worse than a full send of that tensor.
 Bit-exact for every dtype (floats get the key map, others are coded as plain integers):
 NaN payloads, infinities, -0.0 and subnormals round-trip. Vectorised numpy throughout.
+
+Shards: with `threads` > 1 the encoder cuts the state into that many runs of about equal
+bytes (a tensor is cut where a run ends in it) and codes them in parallel; each piece is its
+own entry (`TensorEntry.span`), so any receiver applies pieces in parallel (`apply_changes`'s
+`threads`). The cost is a header entry and a fresh Rice/zstd start per cut.
+Both directions report their changes (`Changes`): the encoder the changed positions and new
+bits (the publisher updates its shadow from them) and both the additive hash's movement
+(lthash.py), from the old and new bits of each changed element, in O(changes).
 Not covered: GPU tensors (export to CPU first), structure changes between versions
 (the publisher sends an anchor then), non-contiguous tensors.
 """
 
 from __future__ import annotations
 
+import bisect
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
 import numpy as np
 import torch
 import zstandard
 
-from traingym.weights import entropy, tiered
+from traingym.weights import entropy, lthash, tiered
 from traingym.weights.base import BaseMismatch, IntegrityError, Payload, State, TensorEntry, UpdateHeader
 from traingym.weights.base import register_codec
 from traingym.weights.hashing import bits, dtype_name, dtype_of
@@ -65,9 +78,9 @@ def _signed_diff(ka: np.ndarray, kb: np.ndarray) -> np.ndarray:
 
 
 def _entry(name: str, t: torch.Tensor, method: str, first: int, count: int, n: int,
-           params: tuple[int, ...] = ()) -> TensorEntry:
+           params: tuple[int, ...] = (), span: tuple[int, ...] = ()) -> TensorEntry:
     return TensorEntry(name, dtype_name(t.dtype), tuple(t.shape), method,
-                       tuple(range(first, first + count)), n, params)
+                       tuple(range(first, first + count)), n, params, span)
 
 
 class _Builder:
@@ -75,13 +88,79 @@ class _Builder:
         self.entries: list[TensorEntry] = []
         self.buffers: list[memoryview] = []
 
-    def add(self, name, t, method, bufs, n=0, params=()) -> None:
-        self.entries.append(_entry(name, t, method, len(self.buffers), len(bufs), n, params))
+    def add(self, name, t, method, bufs, n=0, params=(), span=()) -> None:
+        self.entries.append(_entry(name, t, method, len(self.buffers), len(bufs), n, params,
+                                   span))
         self.buffers.extend(memoryview(b).cast("B") for b in bufs)
 
     def payload(self, codec: str) -> Payload:
         return Payload(UpdateHeader(codec=codec, target_version=-1, target_hash="",
                                     tensors=tuple(self.entries)), self.buffers)
+
+
+PIECE_ALIGN = 1 << 16  # a tensor is cut into pieces only at multiples of this many elements
+
+
+def plan_pieces(state: State, shards: int) -> list[list[tuple[str, int, int]]]:
+    """Split the state, tensors in sorted name order, into `shards` runs of about equal
+    bytes: lists of (name, start, stop) flat element ranges. A tensor is cut only where a
+    run ends inside it, at a multiple of PIECE_ALIGN elements, so at most shards - 1 tensors
+    are cut (one more header entry each)."""
+    if shards < 1:
+        raise ValueError(f"shards must be at least 1, not {shards}")
+    names = sorted(state)
+    total = sum(state[n].numel() * state[n].element_size() for n in names)
+    ends = [(j + 1) * total // shards for j in range(shards)]  # where each run ends, bytes
+    out: list[list[tuple[str, int, int]]] = [[] for _ in range(shards)]
+    done = 0  # bytes before the current tensor
+    for name in names:
+        t = state[name]
+        n, w = t.numel(), t.element_size()
+        start = 0
+        while True:
+            k = min(shards - 1, bisect.bisect_right(ends, done + start * w))
+            stop = n if k == shards - 1 else min(n, -(-(ends[k] - done) // w))
+            if stop < n:
+                stop = min(n, max(start + 1, -(-stop // PIECE_ALIGN) * PIECE_ALIGN))
+            out[k].append((name, start, stop))
+            if stop >= n:
+                break
+            start = stop
+        done += n * w
+    return [run for run in out if run]
+
+
+@dataclass
+class Changes:
+    """What an encode or an apply changed, for the incremental hash and the sender's shadow:
+    `sum` is the additive hash's movement (lthash.py); `pieces` (name, start, positions,
+    new bits) the changed elements of each piece; `times` seconds per phase, summed over
+    pieces (over threads: CPU seconds, not wall)."""
+
+    sum: np.ndarray = field(default_factory=lthash.zero)
+    pieces: list = field(default_factory=list)
+    times: dict = field(default_factory=dict)
+    n_changed: int = 0
+
+    def add(self, times: dict) -> None:
+        for k, v in times.items():
+            self.times[k] = self.times.get(k, 0.0) + v
+
+
+class _Pool:
+    """A thread pool made on first use, for codecs and subscribers with threads > 1."""
+
+    def __init__(self, threads: int) -> None:
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, not {threads}")
+        self.threads, self._pool = threads, None
+
+    def map(self, fn, items: list) -> list:
+        if self.threads == 1 or len(items) <= 1:
+            return [fn(x) for x in items]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="weights-codec")
+        return list(self._pool.map(fn, items))
 
 
 @register_codec("full")
@@ -103,40 +182,75 @@ class FullCodec:
 @register_codec("delta")
 class DeltaCodec:
     """Tiered or sparse / xor / raw per tensor, whichever is smallest. zstd `level` for the
-    zstd parts."""
+    zstd parts. With `threads` > 1 the state is cut into that many runs of about equal bytes
+    (`plan_pieces`) and each thread codes its own run; the pieces are independent entries
+    of the payload (any receiver can apply them in parallel)."""
 
     type = "delta"
 
-    def __init__(self, level: int = 1) -> None:
-        self.level = level
+    def __init__(self, level: int = 1, threads: int = 1) -> None:
+        self.level, self.threads = level, threads
+        self._pool = _Pool(threads)
 
     def encode(self, old: State | None, new: State) -> Payload:
+        return self.encode_changes(old, new, with_sum=False)[0]
+
+    def encode_changes(self, old: State | None, new: State,
+                       with_sum: bool = True) -> tuple[Payload, Changes]:
+        """The payload, and its changes: the additive hash's movement (with_sum) and the
+        changed elements, so that the sender updates its hash and shadow in O(changes)."""
         if old is None:
             raise ValueError("delta needs a base state; send a full update first")
         if set(old) != set(new):
             raise ValueError("delta needs the same tensor names in base and target")
-        zc = zstandard.ZstdCompressor(level=self.level)
-        out = _Builder()
-        for name in sorted(new):
-            o, t = old[name], new[name]
-            if o.dtype != t.dtype or o.shape != t.shape:
+        for name in new:
+            if old[name].dtype != new[name].dtype or old[name].shape != new[name].shape:
                 raise ValueError(f"{name}: dtype or shape changed; send a full update")
-            a, b = bits(o), bits(t)
-            pos, a_pos, b_pos = changes(a, b)
-            if pos.size == 0:
-                out.add(name, t, "same", [])
-                continue
-            options = [("raw", [b], ())]
-            if pos.size < 0.5 * a.size:
-                options.append(self._sparse(a, b, pos, a_pos, b_pos, t.dtype, zc))
-            if pos.size >= XOR_MIN_DENSITY * a.size:
-                planes = (a ^ b).view(np.uint8).reshape(-1, a.itemsize).T.copy()
-                options.append(("xor", [zc.compress(planes.data)], ()))
-            method, bufs, params = min(options, key=lambda o: sum(len(x) for x in o[1]))
-            if method == "raw":
-                bufs = [b.copy()]  # the payload must not alias the caller's tensor
-            out.add(name, t, method, bufs, int(pos.size), params)
-        return out.payload("delta")
+        runs = plan_pieces(new, self.threads)
+        whole = len(runs) == 1
+
+        def run(pieces):
+            zc = zstandard.ZstdCompressor(level=self.level)
+            return [self._piece(name, old[name], new[name], start, stop, whole, zc, with_sum)
+                    for name, start, stop in pieces]
+
+        out, changes = _Builder(), Changes()
+        for results in self._pool.map(run, runs):
+            for name, method, bufs, n, params, span, pos, b_pos, s, times in results:
+                out.add(name, new[name], method, bufs, n, params, span)
+                changes.sum += s
+                changes.add(times)
+                changes.n_changed += n
+                if n:
+                    changes.pieces.append((name, span[0] if span else 0, pos, b_pos))
+        return out.payload("delta"), changes
+
+    def _piece(self, name, o, t, start, stop, whole, zc, with_sum):
+        t0 = time.perf_counter()
+        a, b = bits(o), bits(t)
+        span = () if whole or (start, stop) == (0, a.size) else (start, stop)
+        numel = a.size
+        a, b = a[start:stop], b[start:stop]
+        pos, a_pos, b_pos = changes(a, b)
+        t1 = time.perf_counter()
+        if pos.size == 0:
+            return name, "same", [], 0, (), span, pos, b_pos, lthash.zero(), \
+                {"extract": t1 - t0}
+        options = [("raw", [b], ())]
+        if pos.size < 0.5 * a.size:
+            options.append(self._sparse(a, b, pos, a_pos, b_pos, t.dtype, zc))
+        if pos.size >= XOR_MIN_DENSITY * a.size:
+            planes = (a ^ b).view(np.uint8).reshape(-1, a.itemsize).T.copy()
+            options.append(("xor", [zc.compress(planes.data)], ()))
+        method, bufs, params = min(options, key=lambda o: sum(len(x) for x in o[1]))
+        if method == "raw":
+            bufs = [b.copy()]  # the payload must not alias the caller's tensor
+        t2 = time.perf_counter()
+        s = lthash.change_sum(name, numel, pos + start, a_pos, b_pos) if with_sum \
+            else lthash.zero()
+        t3 = time.perf_counter()
+        return name, method, bufs, int(pos.size), params, span, pos, b_pos, s, \
+            {"extract": t1 - t0, "code": t2 - t1, "verify": t3 - t2}
 
     @staticmethod
     def _sparse(a, b, pos, a_pos, b_pos, dtype, zc):
@@ -163,21 +277,48 @@ class DeltaCodec:
         return apply({k: v.clone() for k, v in old.items()}, payload)
 
 
-def _apply_tensor(a: np.ndarray, e: TensorEntry, bufs: list[memoryview], dtype: torch.dtype):
+def _write(a: np.ndarray, pos: np.ndarray, new: np.ndarray, want: bool, times: dict, t0):
+    """a[pos] = new; -> (pos, old, new) for the hash when `want`."""
+    old = a[pos] if want else None
+    t1 = time.perf_counter()
+    a[pos] = new
+    times["decode"], times["apply"] = t1 - t0, time.perf_counter() - t1
+    return (pos, old, new) if want else None
+
+
+def _apply_tensor(a: np.ndarray, e: TensorEntry, bufs: list[memoryview], dtype: torch.dtype,
+                  want: bool, times: dict):
+    """Apply one entry to `a` (its piece of the tensor, bits). -> (positions, old bits, new
+    bits) of the changed elements when `want` (for the incremental hash), else None."""
+    t0 = time.perf_counter()
     is_float = dtype.is_floating_point
     if e.method == "same":
-        return
+        return None
     if e.method == "raw":
         src = np.frombuffer(bufs[0], a.dtype)
         if src.size != a.size:
             raise IntegrityError(f"{e.name}: raw buffer has {src.size} elements, not {a.size}")
-        a[:] = src
-    elif e.method == "xor":
+        if not want:
+            a[:] = src
+            times["apply"] = time.perf_counter() - t0
+            return None
+        pos, old, new = changes(a, src)
+        t1 = time.perf_counter()
+        a[pos] = new
+        times["decode"], times["apply"] = t1 - t0, time.perf_counter() - t1
+        return pos, old, new
+    if e.method == "xor":
         planes = np.frombuffer(zstandard.ZstdDecompressor().decompress(bufs[0]), np.uint8)
         if planes.size != a.nbytes:
             raise IntegrityError(f"{e.name}: xor stream has the wrong size")
-        a ^= planes.reshape(a.itemsize, -1).T.copy().view(a.dtype).reshape(-1)
-    elif e.method == "sparse":
+        x = planes.reshape(a.itemsize, -1).T.copy().view(a.dtype).reshape(-1)
+        if not want:
+            a ^= x
+            times["apply"] = time.perf_counter() - t0
+            return None
+        pos = tiered.flatnonzero_sparse(x != 0)
+        return _write(a, pos, a[pos] ^ x[pos], want, times, t0)
+    if e.method == "sparse":
         k, n_gesc = e.params
         unary, low, gesc, classes_z, mantissa = bufs
         gaps = entropy.rice_decode(unary, low, gesc, e.n_changed, k)
@@ -191,36 +332,110 @@ def _apply_tensor(a: np.ndarray, e: TensorEntry, bufs: list[memoryview], dtype: 
             raise IntegrityError(f"{e.name}: {d.size} values for {pos.size} positions")
         ka = _keys(a[pos], is_float)
         kb = ka + d.astype(ka.dtype)  # wraps modulo 2^W, the inverse of _signed_diff
-        a[pos] = entropy.float_unkey(kb) if is_float else kb
-    elif e.method == "tiered":
+        return _write(a, pos, entropy.float_unkey(kb) if is_float else kb, want, times, t0)
+    if e.method == "tiered":
         if dtype not in tiered.MANTISSA_BITS or len(bufs) != 1:
             raise IntegrityError(f"{e.name}: tiered entry for {dtype} with {len(bufs)} buffers")
         pos, kd = tiered.decode(a, bufs[0], e.n_changed, e.params, tiered.MANTISSA_BITS[dtype])
-        a[pos] = entropy.float_unkey(entropy.float_key(a[pos]) + kd)
-    else:
-        raise IntegrityError(f"{e.name}: unknown method {e.method!r}")
+        new = entropy.float_unkey(entropy.float_key(a[pos]) + kd)
+        return _write(a, pos, new, want, times, t0)
+    raise IntegrityError(f"{e.name}: unknown method {e.method!r}")
 
 
-def apply(state: State | None, payload: Payload) -> State:
+def _span(e: TensorEntry, numel: int) -> tuple[int, int]:
+    if not e.span:
+        return 0, numel
+    if len(e.span) != 2 or not 0 <= e.span[0] <= e.span[1] <= numel:
+        raise IntegrityError(f"{e.name}: piece {e.span} outside a tensor of {numel} elements")
+    return e.span[0], e.span[1]
+
+
+def _groups(entries: list, threads: int) -> list[list]:
+    """Contiguous runs of entries of about equal work (buffer bytes plus changed elements)."""
+    if threads == 1 or len(entries) <= 1:
+        return [entries]
+    cost = np.cumsum([1 + e.n_changed + sum(e.sizes) for e in entries])
+    cuts = np.searchsorted(cost, cost[-1] * np.arange(1, threads) / threads)
+    bounds = sorted({0, len(entries), *(min(len(entries), int(c) + 1) for c in cuts)})
+    return [entries[i:j] for i, j in zip(bounds, bounds[1:])]
+
+
+_POOLS: dict[int, _Pool] = {}
+
+
+def apply(state: State | None, payload: Payload, threads: int = 1) -> State:
     """Apply a payload. Writes into `state`'s tensors in place where it can; returns the
     resulting state. A full payload with a different structure makes fresh tensors."""
+    return apply_changes(state, payload, threads, with_sum=False)[0]
+
+
+def apply_changes(state: State | None, payload: Payload, threads: int = 1,
+                  with_sum: bool = True) -> tuple[State, Changes]:
+    """`apply`, and the changes it made: the additive hash's movement, computed from the old
+    bits each write replaced and the new bits it wrote (lthash.py). Pieces are applied by
+    `threads` threads (they write disjoint ranges)."""
     h = payload.header
     if h.codec == "delta" and state is None:
         raise BaseMismatch("delta needs a base state")
     if h.codec == "delta" and set(state) != {e.name for e in h.tensors}:
         raise BaseMismatch("delta names tensors the base does not have")
     out: State = {}
+    work = []
     for e in h.tensors:
         dtype = dtype_of(e.dtype)
-        t = state.get(e.name) if state is not None else None
-        if t is None or t.dtype != dtype or tuple(t.shape) != e.shape:
-            if h.codec == "delta":
-                raise BaseMismatch(f"{e.name}: base has another dtype or shape")
-            t = torch.empty(e.shape, dtype=dtype)
-        bufs = [payload.buffers[i] for i in e.buffers]
+        t = out.get(e.name)
+        if t is None:
+            t = state.get(e.name) if state is not None else None
+            if t is None or t.dtype != dtype or tuple(t.shape) != e.shape:
+                if h.codec == "delta":
+                    raise BaseMismatch(f"{e.name}: base has another dtype or shape")
+                t = torch.empty(e.shape, dtype=dtype)
+            out[e.name] = t
+        elif t.dtype != dtype or tuple(t.shape) != e.shape:
+            raise IntegrityError(f"{e.name}: pieces disagree on dtype or shape")
+        if any(i >= len(payload.buffers) for i in e.buffers):
+            raise IntegrityError(f"{e.name}: buffer index out of range")
+        work.append(_Work(e, t, dtype, [payload.buffers[i] for i in e.buffers]))
+    pool = _POOLS.setdefault(threads, _Pool(threads))
+    changes_ = Changes()
+    for part in pool.map(lambda g: _apply_group(g, with_sum), _groups(work, threads)):
+        changes_.sum += part.sum
+        changes_.add(part.times)
+        changes_.n_changed += part.n_changed
+    return out, changes_
+
+
+@dataclass
+class _Work:
+    e: TensorEntry
+    t: torch.Tensor
+    dtype: torch.dtype
+    bufs: list
+
+    @property
+    def n_changed(self) -> int:
+        return self.e.n_changed
+
+    @property
+    def sizes(self):
+        return [b.nbytes for b in self.bufs]
+
+
+def _apply_group(group: list[_Work], with_sum: bool) -> Changes:
+    part = Changes()
+    for w in group:
+        full = bits(w.t)
+        start, stop = _span(w.e, full.size)
+        times: dict = {}
         try:
-            _apply_tensor(bits(t), e, bufs, t.dtype)
+            got = _apply_tensor(full[start:stop], w.e, w.bufs, w.dtype, with_sum, times)
         except (ValueError, zstandard.ZstdError) as err:
-            raise IntegrityError(f"{e.name}: corrupt stream: {err}") from err
-        out[e.name] = t
-    return out
+            raise IntegrityError(f"{w.e.name}: corrupt stream: {err}") from err
+        if got is not None:
+            t0 = time.perf_counter()
+            pos, old, new = got
+            part.sum += lthash.change_sum(w.e.name, full.size, pos + start, old, new)
+            part.n_changed += int(pos.size)
+            times["verify"] = time.perf_counter() - t0
+        part.add(times)
+    return part

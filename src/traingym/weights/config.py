@@ -26,8 +26,10 @@ class WeightSyncConfig:
     anchor_budget: float = 1.0
     """Anchor once delta bytes since the last anchor would pass this x the full size."""
     zstd_level: int = 1
-    verify_base: bool = True
-    """Receivers re-hash their weights before applying a delta."""
+    verify_base: bool = False
+    """Receivers re-hash their weights before applying each delta (two passes over the state
+    per delta); off, they verify from the changes alone plus the periodic full check
+    (sync.py)."""
     transport: Any = field(default_factory=InprocConfig)
     """A transport's config (InprocConfig, TcpConfig ...); its `type` is the registry name."""
 

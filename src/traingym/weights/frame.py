@@ -37,7 +37,11 @@ def seal(payload: Payload) -> Payload:
 
 
 def header_bytes(header: UpdateHeader) -> bytes:
-    return json.dumps(dataclasses.asdict(header), separators=(",", ":")).encode()
+    d = dataclasses.asdict(header)
+    for t in d["tensors"]:
+        if not t["span"]:
+            del t["span"]  # a whole tensor: the common case costs no header bytes
+    return json.dumps(d, separators=(",", ":")).encode()
 
 
 def to_views(payload: Payload) -> list[memoryview]:
@@ -65,6 +69,7 @@ def parse_header(data: dict) -> UpdateHeader:
         TensorEntry(
             name=t["name"], dtype=t["dtype"], shape=tuple(t["shape"]), method=t["method"],
             buffers=tuple(t["buffers"]), n_changed=t["n_changed"], params=tuple(t["params"]),
+            span=tuple(t.get("span", ())),
         )
         for t in data["tensors"]
     )
@@ -73,6 +78,7 @@ def parse_header(data: dict) -> UpdateHeader:
         target_hash=data["target_hash"], base_version=data["base_version"],
         base_hash=data["base_hash"], tensors=tensors,
         buffer_sizes=tuple(data["buffer_sizes"]), body_hash=data["body_hash"],
+        full_hash=data.get("full_hash", ""),
     )
 
 

@@ -7,11 +7,23 @@ last anchor would pass `anchor_budget` x the full size; a late joiner thus needs
 anchor plus deltas worth about one more full transfer. With codec "auto" it also sends a full
 update when, from its measured link and encode rates, that would be faster.
 
-The subscriber checks the payload's hashes before touching any weight, refuses a delta whose
-base hash is not its own, re-hashes its state before applying (`verify_base`), hashes the
-result, and marks itself servable only when that matches the target hash. On any failure it
-asks the transport to resync (the deltas after its hash, or the last anchor and what
-followed) and keeps refusing until a consistent update arrives.
+Verification costs follow the change, not the model. An anchor's target hash is the xxh3
+hash of the whole state (hashing.py), which the receiver checks after applying it. A delta's
+target hash names the anchor's hash and the additive hash's movement since that anchor
+(lthash.py: `identity`): the publisher moves its sum by the changes it extracted, the
+subscriber by the changes it applied (the old bits each write replaced, the new bits it
+wrote), O(changes) on both sides; a changed value the delta does not carry, a wrong value
+or position, a lost or reordered update leaves the two sums apart. Every
+`full_hash_every`-th delta also carries the target's xxh3 hash, which the subscriber checks
+over its whole state: the periodic full check, which also catches a weight changed behind
+the subscriber's back where no delta writes (with `verify_base` the subscriber re-hashes its
+state before every delta instead, today's cost of two passes over the state per delta).
+
+The subscriber checks the payload's body hash before touching any weight, refuses a delta
+whose base hash is not its own, applies it, and marks itself servable only when its hash
+matches the target hash. On any failure it asks the transport to resync (the deltas after
+its hash, or the last anchor and what followed) and keeps refusing until a consistent
+update arrives.
 
 A subscriber made with `reconnect` (a function of the hash it holds that returns a new
 receiver) survives a lost connection: when the receiver raises PeerDead (the sender was
@@ -34,9 +46,10 @@ from typing import Callable
 from traingym.observability import trace
 from traingym.weights.base import (CODECS, BaseMismatch, IntegrityError, Payload, PeerDead,
                                    Receiver, Sender, State, TransportTimeout)
-from traingym.weights.codecs import apply  # also fills CODECS
+from traingym.weights import lthash
+from traingym.weights.codecs import apply_changes  # also fills CODECS
 from traingym.weights.frame import seal, verify_body
-from traingym.weights.hashing import state_hash
+from traingym.weights.hashing import bits, state_hash
 
 
 class Chain:
@@ -72,6 +85,11 @@ class PublisherConfig:
     """Send an anchor once delta bytes since the last one would exceed this x full size."""
     zstd_level: int = 1
     """zstd level for the delta codec's zstd streams."""
+    full_hash_every: int = 16
+    """Every this many deltas since an anchor, the delta carries its target's full (xxh3)
+    state hash too, checked by receivers over their whole state; 0: anchors only."""
+    threads: int = 1
+    """Threads the delta codec codes with, each its own shard of the state."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +102,8 @@ class PublishStats:
     encode_s: float
     send_s: float
     reason: str
+    phases: dict = dataclasses.field(default_factory=dict)
+    """Seconds of the encode's phases (extract, code, verify, shadow), summed over threads."""
 
 
 class Publisher:
@@ -94,11 +114,14 @@ class Publisher:
             raise ValueError(f"unknown codec {cfg.codec!r}; the publisher sends 'full' anchors "
                              "and 'delta' updates (or picks per update: 'auto')")
         self.sender, self.cfg = sender, cfg
-        self.delta, self.full = CODECS["delta"](cfg.zstd_level), CODECS["full"]()
+        self.delta, self.full = CODECS["delta"](cfg.zstd_level, cfg.threads), CODECS["full"]()
         self.version: int | None = None
-        self.hash: str | None = None
+        self.hash: str | None = None  # the chain's name for the last version (not always xxh3)
         self._shadow: State | None = None
         self._since_anchor = 0
+        self._anchor_hash = ""
+        self._sum = lthash.zero()  # the additive hash's movement since the anchor
+        self._deltas = 0  # deltas since the anchor
         self._link_s_per_byte: float | None = None
         self._delta_s: float | None = None  # encode time of the last delta
         self._full_s: float | None = None  # encode time of the last full update
@@ -113,7 +136,6 @@ class Publisher:
             raise ValueError(f"version {version} is not after {self.version}")
         full_bytes = sum(t.numel() * t.element_size() for t in state.values())
         t0 = time.perf_counter()
-        target_hash = state_hash(state)
         reason = "delta"
         if self._structure_changed(state):
             reason = "first" if self._shadow is None else "structure"
@@ -121,18 +143,25 @@ class Publisher:
             reason = "codec=full"
         elif self.cfg.codec == "auto" and self._full_predicted_faster(full_bytes):
             reason = "auto:full-faster"
-        payload = None
+        payload, changes, full_hash = None, None, ""
         if reason == "delta":
-            payload = self.delta.encode(self._shadow, state)
+            payload, changes = self.delta.encode_changes(self._shadow, state)
             self._delta_s = time.perf_counter() - t0
             if self._since_anchor + payload.nbytes > self.cfg.anchor_budget * full_bytes:
                 payload, reason = None, "anchor-budget"
         if payload is None:
             payload = self.full.encode(None, state)
+            target_hash = state_hash(state)
+        else:
+            every = self.cfg.full_hash_every
+            target_hash = lthash.identity(self._anchor_hash, self._sum + changes.sum)
+            if every and (self._deltas + 1) % every == 0:
+                full_hash = state_hash(state)
         anchor = payload.is_anchor
         header = dataclasses.replace(
             payload.header, target_version=version, target_hash=target_hash,
-            base_version=None if anchor else self.version, base_hash=None if anchor else self.hash)
+            base_version=None if anchor else self.version, base_hash=None if anchor else self.hash,
+            full_hash=full_hash)
         payload = seal(Payload(header, payload.buffers))
         encode_s = time.perf_counter() - t0
         trace.took("encode", "weights", encode_s, codec=header.codec, version=version)
@@ -144,28 +173,37 @@ class Publisher:
         send_s = time.perf_counter() - t1
         if payload.nbytes > 1 << 20:
             self._link_s_per_byte = send_s / payload.nbytes
-        self._advance(state, payload, anchor)
+        t2 = time.perf_counter()
+        self._advance(state, payload, changes if not anchor else None, target_hash)
+        phases = dict(changes.times) if changes is not None and not anchor else {}
+        phases["shadow"] = time.perf_counter() - t2
         self.version, self.hash = version, target_hash
-        changed = sum(e.n_changed for e in header.tensors) if not anchor else -1
+        changed = changes.n_changed if not anchor else -1
         return PublishStats(version, header.codec, payload.nbytes, full_bytes, changed,
-                            encode_s, send_s, reason)
+                            encode_s, send_s, reason, phases)
 
-    def _advance(self, state: State, payload: Payload, anchor: bool) -> None:
-        if anchor:
+    def full_hash(self) -> str | None:
+        """The xxh3 state hash of the last published version (a pass over the state)."""
+        return None if self._shadow is None else state_hash(self._shadow)
+
+    def _advance(self, state: State, payload: Payload, changes, target_hash: str) -> None:
+        if changes is None:  # an anchor
             self._shadow = {k: v.detach().clone() for k, v in state.items()}
-            self._since_anchor = 0
+            self._since_anchor, self._deltas = 0, 0
+            self._anchor_hash, self._sum = target_hash, lthash.zero()
             return
         self._since_anchor += payload.nbytes
-        for e in payload.header.tensors:
-            if e.method != "same":
-                self._shadow[e.name].copy_(state[e.name])
+        self._deltas += 1
+        self._sum = self._sum + changes.sum
+        for name, start, pos, new_bits in changes.pieces:  # O(changes), not a tensor copy
+            bits(self._shadow[name])[start:][pos] = new_bits
 
     def _full_predicted_faster(self, full_bytes: int) -> bool:
         if self._link_s_per_byte is None or self._delta_s is None:
             return False
         delta_guess = 0.02 * full_bytes  # a pessimistic delta size; the link term is small
         # Each side's work counted twice (the receiver's decode, or copy, mirrors the sender's
-        # encode; both include a state hash), plus the link.
+        # encode; a full send includes a state hash on each side), plus the link.
         t_delta = 2 * self._delta_s + delta_guess * self._link_s_per_byte
         t_full = 2 * (self._full_s or 0.0) + full_bytes * self._link_s_per_byte
         return t_full < t_delta
@@ -173,10 +211,15 @@ class Publisher:
 
 @dataclass(frozen=True)
 class SubscriberConfig:
-    verify_base: bool = True
-    """Re-hash the held state before applying a delta (catches local corruption)."""
+    verify_base: bool = False
+    """Re-hash the held state (xxh3) before applying each delta, against its hash after the
+    last apply: catches a weight changed behind the subscriber's back at the next delta, at
+    two passes over the state per delta. Off, such a change is caught when a later delta
+    writes that weight, or at the next full check (PublisherConfig.full_hash_every)."""
     resync_every_s: float = 2.0
     """While waiting for a resync, ask again this often."""
+    threads: int = 1
+    """Threads that apply a delta's pieces in parallel."""
 
 
 @dataclass
@@ -207,6 +250,10 @@ class Subscriber:
         self.hash: str | None = None
         self.stats = SubscriberStats()
         self._asked_at: float | None = None
+        self._anchor_hash = ""
+        self._sum = lthash.zero()  # the additive hash's movement since the anchor
+        self._local_full: str | None = None  # xxh3 after the last apply (verify_base)
+        self.phases: dict = {}  # seconds per phase of the last apply (decode, apply, verify)
 
     @property
     def state(self) -> State:
@@ -256,7 +303,8 @@ class Subscriber:
             self.stats.refused += 1
             self._ask()
             return False
-        if h.codec == "delta" and self.cfg.verify_base and state_hash(self._state) != self.hash:
+        delta = h.codec == "delta"
+        if delta and self.cfg.verify_base and state_hash(self._state) != self._local_full:
             self.valid = False
             self.stats.corrupt += 1
             self._ask()
@@ -264,19 +312,33 @@ class Subscriber:
         self.valid = False  # from here on the tensors may be half-written
         try:
             with trace.span("decode", cat="weights", version=h.target_version, codec=h.codec):
-                new = apply(self._state, p)
+                new, changes = apply_changes(self._state, p, self.cfg.threads, with_sum=delta)
         except (IntegrityError, BaseMismatch):
             self.stats.corrupt += 1
             self._ask()
             return False
+        t0 = time.perf_counter()
         with trace.span("verify", cat="weights", version=h.target_version):
-            same = state_hash(new) == h.target_hash
+            if delta:
+                moved = self._sum + changes.sum
+                same = lthash.identity(self._anchor_hash, moved) == h.target_hash
+                checked = same and (bool(h.full_hash) or self.cfg.verify_base)
+                full = state_hash(new) if checked else None  # the periodic full check
+                if same and h.full_hash:
+                    same = full == h.full_hash
+            else:
+                moved, full = lthash.zero(), state_hash(new)
+                same = full == h.target_hash
+        self.phases = {**changes.times, "check": time.perf_counter() - t0}
         if not same:
             self.stats.corrupt += 1
             self._ask()
             return False
         self._state, self.valid = new, True
         self.version, self.hash, self._asked_at = h.target_version, h.target_hash, None
+        self._sum, self._local_full = moved, full
+        if not delta:
+            self._anchor_hash = h.target_hash
         self.stats.applied += 1
         self.stats.anchors += p.is_anchor
         return True
