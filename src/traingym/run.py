@@ -150,7 +150,7 @@ def resolve_inputs(cfg: Config, dataset=None, eval_dataset=None, reward=None, en
         if reward_fn is None and env is None:
             raise ConfigError("a custom dataset needs a reward: pass reward= or set "
                               "task.reward='module:function'")
-    elif t.env and t.env.startswith("verifiers:") and hasattr(env, "environment"):
+    elif type(env).__name__ == "VerifiersMaker":  # task.env 'verifiers:...' or env=
         from traingym.envs.verifiers_env import env_rows
 
         if eval_dataset is not None or t.eval_dataset is not None:
