@@ -158,3 +158,21 @@ def test_what_is_not_covered_is_refused(tmp_path):
             "task": {"env": "verifiers:no-such-env"}}), run_dir=tmp_path / "r", progress=False)
     with pytest.raises(traingym.ConfigError, match="env_args apply only"):
         traingym.build_config("tiny", overrides={"task": {"env_args": {"kind": "x"}}})
+
+
+def test_an_environment_object_trains_from_python(tmp_path):
+    """`train(cfg, env=VerifiersMaker(env=...))`: the object's own rows, no task.env."""
+    import vf_tiny
+
+    from traingym.envs.verifiers_env import VerifiersMaker
+
+    cfg = traingym.build_config("tiny", overrides={
+        "steps": 1, "eval": {"num_prompts": 4, "before": False, "after": False},
+        "task": {"prefill": ""}})
+    run = tmp_path / "run"
+    traingym.train(cfg, env=VerifiersMaker(env=vf_tiny.load_environment("single")),
+                   run_dir=run, progress=False)
+    samples = _lines(run / "samples.jsonl")
+    assert samples and all("Answer with the number only." in s["prompt"] for s in samples)
+    assert all(set(s["env_info"][0]["verifiers"]["rewards"]) == {"exact", "digits"}
+               for s in samples)
