@@ -17,6 +17,14 @@ Face model's `state_dict()` (a tied tensor may appear once, under its first name
 order: weights/colocated.py wire_state). The engine serves exactly those weights as policy
 `version` once it returns. Delta decoding and verification happen before the engine sees
 anything, so an engine never applies bytes that did not match the hash.
+
+Contract of `async score(prompts, completions, temperature) -> list[list[float]]` (only engines
+with `abilities.scores_tokens`; not in the protocol below): for each row, the log-prob
+of each token of `completions[i]` given `prompts[i]` and the completion tokens before it,
+under softmax(logits / T) (T <= 0: softmax(logits)), the convention of `generate` and of the
+trainer; nothing is sampled. A teacher for on-policy distillation (algorithms/distill.py)
+scores the student's samples with it. An engine without `scores_at_any_temperature` scores
+only at T = 1 (and T <= 0) and raises ValueError at any other T.
 """
 
 from __future__ import annotations
@@ -45,6 +53,11 @@ class EngineAbilities:
     """Has `step_decoder(max_rows=None)`, a rollout/continuous.py StepDecoder (admit / step /
     retire rows between decode steps): `traingym serve` batches continuously on it. Engines
     without it get whole `generate` calls (serve/batching.py)."""
+    scores_tokens: bool = False
+    """Has `score(prompts, completions, temperature)`: log-probs of given tokens (module
+    docstring); a distillation teacher needs it (distill.teacher_engine)."""
+    scores_at_any_temperature: bool = False
+    """`score` applies 1 / T exactly at any T; False: only T = 1 (or T <= 0)."""
 
 
 class EngineUnavailable(RuntimeError):
