@@ -36,7 +36,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import DynamicCache
 
-from traingym.padding import left_pad, repeat_cache_rows
+from traingym.padding import left_pad, repeat_cache_rows, right_pad
 from traingym.precision import engine_dtype
 from traingym.rollout.base import EngineAbilities
 from traingym.rollout.fused_decoder import FusedDecoder, supports
@@ -77,7 +77,8 @@ class TorchEngine:
                             "allows it (rollout/fused_decoder.py); False: the plain HF forward")
 
     abilities = EngineAbilities(takes_weights=True, inflight_updates=True,
-                                crosses_processes=True)
+                                crosses_processes=True, scores_tokens=True,
+                                scores_at_any_temperature=True)
 
     @classmethod
     def from_config(cls, cfg, model, tokenizer, options: Options) -> TorchEngine:
@@ -110,6 +111,39 @@ class TorchEngine:
         from traingym.rollout.continuous import StepDecoder
 
         return StepDecoder(self, max_rows)
+
+    async def score(self, prompts: list[list[int]], completions: list[list[int]],
+                    temperature: float) -> list[list[float]]:
+        """rollout/base.py's `score`, in a worker thread: one forward over prompt + completion
+        per row (prompts left-padded, completions right-padded, up to `max_batch_rows` rows a
+        forward, plain HF forward), log softmax(logits / T) in fp32, as the trainer computes
+        it (trainer/micro.py sequence_logprobs). An empty completion scores as []."""
+        if len(prompts) != len(completions) or not all(prompts):
+            raise ValueError(f"score: {len(prompts)} prompts for {len(completions)} "
+                             "completions; each row needs a non-empty prompt")
+        return await asyncio.to_thread(self._score, prompts, completions, temperature)
+
+    @torch.no_grad()
+    def _score(self, prompts, completions, temperature: float) -> list[list[float]]:
+        device = next(self.model.parameters()).device
+        out: list[list[float]] = [[] for _ in prompts]
+        rows = [i for i, c in enumerate(completions) if c]
+        for start in range(0, len(rows), self.max_batch_rows):
+            idx = rows[start:start + self.max_batch_rows]
+            ids_B_L, pmask_B_L = left_pad([prompts[i] for i in idx], self.pad_token_id, device)
+            comp_B_C, cmask_B_C = right_pad([completions[i] for i in idx], self.pad_token_id,
+                                            device)
+            attn_B_S = torch.cat([pmask_B_L, cmask_B_C], dim=1)
+            logits_B_C_V = self.model(
+                input_ids=torch.cat([ids_B_L, comp_B_C], dim=1), attention_mask=attn_B_S,
+                position_ids=(attn_B_S.cumsum(-1) - 1).clamp(min=0), use_cache=False,
+                logits_to_keep=comp_B_C.shape[1] + 1).logits[:, :-1].float()
+            logsm_B_C_V = (logits_B_C_V / (temperature if temperature > 0 else 1.0)
+                           ).log_softmax(-1)
+            logp_B_C = logsm_B_C_V.gather(-1, comp_B_C[..., None])[..., 0]
+            for i, row in zip(idx, logp_B_C.tolist()):
+                out[i] = row[: len(completions[i])]
+        return out
 
     def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         own = self.model.state_dict()  # tensors share storage with the model's parameters
