@@ -2,6 +2,8 @@
 
     python benchmarks/weight_sync.py                 # all sections, JSON to /tmp (--out)
     python benchmarks/weight_sync.py --sections compress,throughput --steps 20
+    python benchmarks/weight_sync.py --sections scaling,lthash --steps 3 --tilings 1,4,16 \
+        --out benchmarks/results/weight_sync_scaling.json    # per-phase times as it grows
 
 Sections:
   compress    SmolLM2-135M (the embedded model, fp32 master weights), AdamW at an RL learning
@@ -18,6 +20,11 @@ Sections:
               network namespace with `tc tbf rate 1gbit` (needs root and `ip netns`), or a
               rate-limited loopback relay (token bucket, this process) where namespaces are
               unavailable; `auto` (default) tries the namespace first.
+  scaling     per delta, the sender's and receiver's time in change extraction, coding,
+              transfer, verification and apply, for the model and its state tiled
+              --tilings times, at the same density and at the same number of changes
+              (benchmarks/weight_sync_scaling.py says how). --model tiny: a smoke in seconds.
+  lthash      ns per element of the incremental hash, beside BLAKE2b, SHAKE and xxh3.
 Entropy floors, per tensor: "floor" is N*H(n/N) bits for which elements changed plus n times
 the empirical entropy of the key differences (positions independent, values i.i.d.: the
 zeroth order). "floor_exp" conditions both on the old bf16 exponent, which the receiver
@@ -51,6 +58,14 @@ from traingym.weights.frame import frame_size, seal  # noqa: E402
 from traingym.weights.hashing import bits, state_hash  # noqa: E402
 
 MODEL_DIR = Path.home() / ".cache/traingym/models/smollm2-135m-instruct"
+
+
+def tiny_stream(steps: int, lr: float):
+    """A tiny Llama's bf16 states (weights/realistic.py): for smokes of the timed sections."""
+    from traingym.weights.realistic import rl_states, tiny_llama
+
+    return [{k: v for k, v in s.items() if k != "lm_head.weight"}
+            for s in rl_states(tiny_llama(hidden=256, layers=4, vocab=4096), steps, lr=lr)]
 
 
 def rl_stream(steps: int, lr: float, cache: str | None = None):
@@ -393,6 +408,11 @@ def main() -> None:
                          "closest to 1%% changed)")
     ap.add_argument("--cache", help="folder to save the bf16 states in on the first run and "
                     "load them from on later runs with the same --steps and --lr")
+    ap.add_argument("--model", choices=("embedded", "tiny"), default="embedded",
+                    help="tiny: a ~5M-parameter Llama instead of SmolLM2-135M (smokes)")
+    ap.add_argument("--tilings", default="1,4,16", help="scaling: copies of the state")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="scaling: threads (shards) of the codec and the subscriber")
     ap.add_argument("--out", default="/tmp/weight_sync_results.json")
     ap.add_argument("--receive", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -400,9 +420,14 @@ def main() -> None:
         host, port, n = args.receive.split(":")
         return receiver_main(host, int(port), int(n))
     sections = args.sections.split(",")
-    print(f"SmolLM2-135M, AdamW lr={args.lr}, {args.steps} steps", flush=True)
-    states = rl_stream(args.steps, args.lr, args.cache)
-    res = {"lr": args.lr, "steps": args.steps, "cpu": os.cpu_count()}
+    if args.model == "tiny":
+        print(f"tiny Llama, AdamW lr={args.lr}, {args.steps} steps", flush=True)
+        states = tiny_stream(args.steps, args.lr)
+    else:
+        print(f"SmolLM2-135M, AdamW lr={args.lr}, {args.steps} steps", flush=True)
+        states = rl_stream(args.steps, args.lr, args.cache)
+    res = {"model": args.model, "lr": args.lr, "steps": args.steps, "cpu": os.cpu_count(),
+           "load_before": os.getloadavg()}
     densities = [step_sizes(a, b)["density"] for a, b in zip(states, states[1:])] \
         if "compress" not in sections else None
     if "compress" in sections:
@@ -419,6 +444,19 @@ def main() -> None:
     if "tcp" in sections:
         print(f"tcp end to end on step {mid}", flush=True)
         res["tcp"] = section_tcp(old, new, args.copies, args.link)
+    if "lthash" in sections:
+        from weight_sync_scaling import section_lthash
+
+        print("incremental hash, ns per element", flush=True)
+        res["lthash"] = section_lthash(new)
+    if "scaling" in sections:
+        from weight_sync_scaling import section_scaling
+
+        print(f"per-phase times on step {mid} (density {densities[mid - 1]:.4f}), tiled "
+              f"{args.tilings}, {args.threads} thread(s)", flush=True)
+        tilings = [int(k) for k in args.tilings.split(",")]
+        res["scaling"] = section_scaling(old, new, tilings, args.repeat, args.threads)
+    res["load_after"] = os.getloadavg()
     Path(args.out).write_text(json.dumps(res, indent=1))
     print(f"wrote {args.out}")
 
