@@ -3,8 +3,10 @@
 Each request is checked in this order, each failure a 4xx in the OpenAI error shape naming
 what is wrong: API key and body size (limits.Guard), JSON, schema (field and problem),
 model name, unsupported options, n, prompt length, max_tokens and the model's context, and the
-concurrency limit. An error inside the engine is a 500 for that request only (batching.py);
-the server keeps serving. Unknown routes and methods get the same error shape.
+concurrency limit. An error inside the engine is a 500 for that request only (batching.py,
+continuous.py; mid-stream: an `error` event); the server keeps serving. The scheduler is
+continuous batching with token-by-token streams where the engine declares
+`abilities.step_decoding` (continuous.py, live.py), else dynamic batching (batching.py). Unknown routes and methods get the same error shape.
 """
 
 
@@ -16,6 +18,8 @@ from contextlib import asynccontextmanager
 
 from traingym.serve import responses as R
 from traingym.serve.batching import Batcher
+from traingym.serve.continuous import ContinuousBatcher
+from traingym.serve.live import live_sse
 from traingym.serve.limits import ApiError, Guard, Limits, error_response
 from traingym.serve.protocol import ChatRequest, CompletionRequest
 from traingym.serve.text import render_chat
@@ -71,7 +75,10 @@ def build_app(served, limits: Limits = Limits(), api_key: str | None = None):
 
     app = FastAPI(title="traingym serve", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    batcher, slots, tok = Batcher(served.engine), Slots(limits.max_concurrent), served.tokenizer
+    slots, tok = Slots(limits.max_concurrent), served.tokenizer
+    live = served.engine.abilities.step_decoding  # continuous batching, streaming per token
+    batcher = (ContinuousBatcher(served.engine, tok, served.stop_ids) if live
+               else Batcher(served.engine))
 
     @app.exception_handler(ApiError)
     async def _api_error(request, err: ApiError):
@@ -128,10 +135,14 @@ def build_app(served, limits: Limits = Limits(), api_key: str | None = None):
         new = asked or min(default, room if room is not None else default)
         return SamplingParams(req.temperature, req.top_p, req.top_k, new, served.stop_ids, top)
 
-    async def generate(ids, req, params):
+    def gen_request(ids, req, params) -> GenerationRequest:
         seed = req.seed if req.seed is not None else random.getrandbits(31)
+        return GenerationRequest(tuple(ids), req.n, params, seed)
+
+    async def generate(ids, req, params):
+        r = gen_request(ids, req, params)
         try:
-            comps = await batcher.submit(GenerationRequest(tuple(ids), req.n, params, seed))
+            comps = await (batcher.submit(r, req.stop) if live else batcher.submit(r))
         except RuntimeError as e:
             raise ApiError(503, str(e), "shutting_down", type_="server_error") from None
         if params.top_logprobs and any(c.top_logprobs is None for c in comps):
@@ -156,6 +167,28 @@ def build_app(served, limits: Limits = Limits(), api_key: str | None = None):
         return StreamingResponse(body(), media_type="text/event-stream",
                                  background=BackgroundTask(release))
 
+    def stream_live(jobs, req, head, chat, logprobs, n_prompt, release):
+        """Token-by-token SSE (continuous batching); 503 when shutting down."""
+        if batcher.closing:
+            release()
+            raise ApiError(503, "the server is shutting down; it takes no new requests",
+                           "shutting_down", type_="server_error")
+        usage = bool(req.stream_options and req.stream_options.include_usage)
+        events = live_sse(batcher, tok, jobs, req.stop, served.stop_ids, head, chat, logprobs,
+                          usage, n_prompt)
+
+        async def body():
+            try:
+                async for part in events:
+                    yield part
+            finally:
+                await events.aclose()
+                release()
+        from starlette.background import BackgroundTask
+
+        return StreamingResponse(body(), media_type="text/event-stream",
+                                 background=BackgroundTask(release))
+
     def once(fn):
         done = []
         return lambda: done or (done.append(1), fn())
@@ -174,9 +207,14 @@ def build_app(served, limits: Limits = Limits(), api_key: str | None = None):
                           (req.top_logprobs or 0) if req.logprobs else 0)
         slots.take()
         release = once(lambda: setattr(slots, "used", slots.used - 1))
+        use_tools = bool(req.tools) and req.tool_choice != "none"
+        if req.stream and live and not use_tools:
+            head = {"id": R.new_id("chatcmpl"), "object": "chat.completion.chunk",
+                    "created": int(time.time()), "model": served.name}
+            return stream_live([(gen_request(ids, req, params), 0)], req, head, True,
+                               req.logprobs, len(ids), release)
         try:
             comps = await generate(ids, req, params)
-            use_tools = bool(req.tools) and req.tool_choice != "none"
             choices = [R.make_choice(tok, i, c, req.stop, served.stop_ids, use_tools, prefill)
                        for i, c in enumerate(comps)]
         except BaseException:
@@ -213,6 +251,13 @@ def build_app(served, limits: Limits = Limits(), api_key: str | None = None):
                   for ids in all_ids]
         slots.take()
         release = once(lambda: setattr(slots, "used", slots.used - 1))
+        if req.stream and live:
+            head = {"id": R.new_id("cmpl"), "object": "text_completion",
+                    "created": int(time.time()), "model": served.name}
+            jobs = [(gen_request(ids, req, sp), k * req.n)
+                    for k, (ids, sp) in enumerate(zip(all_ids, params))]
+            return stream_live(jobs, req, head, False, req.logprobs is not None,
+                               sum(len(ids) for ids in all_ids), release)
         try:
             results = await asyncio.gather(*(generate(ids, req, sp)
                                              for ids, sp in zip(all_ids, params)))

@@ -17,9 +17,10 @@ A call that raises is retried request by request, so one request the engine cann
 alone, with its own error, and the others are answered. A request whose client went away is
 still decoded (its rows are already in the batch) and its result dropped.
 
-Not covered: continuous batching (rows joining a batch between decode steps): a request that
-arrives during a call waits for that call to end; and priorities or fairness beyond arrival
-order.
+This is the scheduler for engines without `abilities.step_decoding` (vLLM, SGLang, an OpenAI
+endpoint, a plugin engine); the built-in engine gets continuous batching (serve/continuous.py).
+Not covered here: rows joining a batch between decode steps (a request that arrives during a
+call waits for that call to end), and priorities or fairness beyond arrival order.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class Batcher:
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.closing = False
-        self.stats = {"engine_calls": 0, "requests": 0, "max_requests_per_call": 0,
+        self.stats = {"mode": "dynamic", "engine_calls": 0, "requests": 0, "max_requests_per_call": 0,
                       "engine_seconds": 0.0, "failed_calls": 0}
 
     def start(self) -> None:

@@ -5,8 +5,9 @@ top-p cut, raw softmax(logits) when greedy; `top_logprobs` are the k most likely
 that same distribution. The end-of-turn token is not listed (its text is empty) but is
 counted in usage.completion_tokens.
 
-Streaming sends the tokens as chunks once the engine has returned the completion: the engine
-seam returns whole completions, so the first token arrives when the whole completion is done.
+The chunks here are those of a finished completion: streams from engines without step
+decoding (the engine seam returns whole completions) and chat streams with tools. The built-in
+engine streams token by token (serve/live.py).
 """
 
 from __future__ import annotations

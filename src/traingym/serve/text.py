@@ -10,8 +10,10 @@ malformed call is returned as plain content, never half-parsed. An assistant mes
 as the same `<tool_call>` text the model writes; a `tool` message goes to the template with the
 called function's name (found by its `tool_call_id`).
 
-Stop strings are applied to the decoded completion after the engine returns it (the engine
-stops on token ids only), so a stop string saves no decode steps; the text stops before it.
+Stop strings: `finish` applies them to a whole decoded completion (the text stops before the
+first one); `TextStream` finds them as tokens arrive, so continuous batching
+(serve/continuous.py) ends the row at once. Engines without step decoding stop on token ids
+only, so there a stop string saves no decode steps.
 """
 
 from __future__ import annotations

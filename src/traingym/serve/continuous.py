@@ -1,0 +1,212 @@
+"""Continuous batching for engines with `abilities.step_decoding` (the built-in engine on its
+fused path): requests join the running batch between decode steps and leave when they finish.
+
+One task runs the loop: retire the rows of requests that went away, admit what is waiting
+(arrival order, while the decoder has free rows; a request with more samples than free rows
+waits for rows to free, or runs alone when none are live), then one decode step for all live
+rows (rollout/continuous.py StepDecoder; admit + step run in a worker thread, so the event
+loop keeps serving). Each token goes to its request as it is made: `open(..., on_event=...)`
+gets (sample index, new text, released token indices, finish_reason or None) per token,
+through serve/text.py TextStream (whole characters only; nothing at or after a stop string).
+A stop string ends the row at once, so it saves the remaining decode steps.
+
+Errors: a request whose prefill fails gets that error alone; a failing decode step fails the
+requests then live (the decoder is rebuilt) and the server goes on. A request whose client
+went away (cancelled `submit`, closed stream) has its rows retired before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from traingym.serve.text import TextStream
+from traingym.types import Completion, GenerationRequest
+
+
+@dataclass
+class Handle:
+    """One request in the batcher: its rows, what they made so far, its result future."""
+
+    request: GenerationRequest
+    stops: list[str]
+    on_event: Callable | None
+    future: asyncio.Future
+    rows: list[int] = field(default_factory=list)
+    made: list[dict] = field(default_factory=list)  # per sample: ids, lps, tops, versions
+    texts: list[TextStream | None] = field(default_factory=list)
+    left: int = 0  # samples not finished
+    cancelled: bool = False
+
+
+class ContinuousBatcher:
+    def __init__(self, engine, tok, stop_ids: tuple[int, ...] = ()):
+        self.engine, self.tok, self.stop_ids = engine, tok, stop_ids
+        self.decoder = engine.step_decoder()
+        self.waiting: list[Handle] = []
+        self.by_row: dict[int, tuple[Handle, int]] = {}
+        self.to_retire: set[int] = set()
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task | None = None
+        self.closing = False
+        self.stats = {"mode": "continuous", "steps": 0, "requests": 0, "admissions": 0,
+                      "max_live_rows": 0, "live_rows": 0, "engine_seconds": 0.0,
+                      "failed_steps": 0, "retired_early": 0}
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._loop())
+
+    def open(self, request: GenerationRequest, stops: list[str] | None = None,
+             on_event: Callable | None = None) -> Handle:
+        if self.closing or self.task is None or self.task.done():
+            raise RuntimeError("the server is shutting down; it takes no new requests")
+        h = Handle(request, list(stops or []), on_event,
+                   asyncio.get_running_loop().create_future())
+        self.waiting.append(h)
+        self.stats["requests"] += 1
+        self.wake.set()
+        return h
+
+    async def submit(self, request: GenerationRequest, stops: list[str] | None = None
+                     ) -> list[Completion]:
+        h = self.open(request, stops)
+        try:
+            return await asyncio.shield(h.future)
+        except asyncio.CancelledError:
+            self.cancel(h)
+            raise
+
+    def cancel(self, h: Handle) -> None:
+        """The client went away: drop the request (its rows leave before the next step)."""
+        if h.future.done():
+            return
+        h.cancelled = True
+        h.future.cancel()
+        if h in self.waiting:
+            self.waiting.remove(h)
+        self.to_retire.update(h.rows)
+        for row in h.rows:  # tokens it still gets from a step in flight are dropped
+            self.by_row.pop(row, None)
+        self.wake.set()
+
+    async def _loop(self) -> None:
+        while not (self.closing and not self.waiting and not self.by_row):
+            if not self.waiting and not self.by_row and not self.to_retire:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            admit, free = [], self.decoder.free()
+            while self.waiting and (self.waiting[0].request.n <= free or
+                                    not self.by_row and not admit):
+                admit.append(self.waiting.pop(0))
+                free -= admit[-1].request.n
+            retire, self.to_retire = list(self.to_retire), set()
+            t0 = time.perf_counter()
+            try:
+                rows, errors, tokens = await asyncio.to_thread(self._tick, admit, retire)
+            except Exception as e:  # the decode step failed: fail what is live, go on
+                self.stats["failed_steps"] += 1
+                live = {id(h): h for h, _ in self.by_row.values()}
+                for h in [*live.values(), *admit]:
+                    _fail(h, e)
+                self.by_row.clear()
+                self.decoder = self.engine.step_decoder()
+                continue
+            finally:
+                self.stats["engine_seconds"] += time.perf_counter() - t0
+            for h, ids in zip(admit, rows):
+                if ids is None:
+                    _fail(h, errors[id(h)])
+                    continue
+                self._joined(h, ids)
+            for t in tokens:
+                self._token(t)
+            self.stats["steps"] += bool(tokens)
+            self.stats["live_rows"] = self.decoder.live
+            self.stats["max_live_rows"] = max(self.stats["max_live_rows"], len(tokens))
+
+    def _tick(self, admit: list[Handle], retire: list[int]):
+        """In the worker thread: retire, admit (one prefill for all; one by one if it
+        fails, so a bad request fails alone), one step."""
+        self.decoder.retire(retire)
+        rows: list = [None] * len(admit)
+        errors = {}
+        if admit:
+            try:
+                rows = self.decoder.admit([h.request for h in admit])
+            except Exception as e:
+                if len(admit) == 1:
+                    errors[id(admit[0])] = e
+                else:
+                    for i, h in enumerate(admit):
+                        try:
+                            rows[i] = self.decoder.admit([h.request])[0]
+                        except Exception as e1:
+                            errors[id(h)] = e1
+        return rows, errors, self.decoder.step()
+
+    def _joined(self, h: Handle, ids: list[int]) -> None:
+        self.stats["admissions"] += 1
+        h.rows, h.left = ids, len(ids)
+        if h.cancelled:  # went away during its prefill
+            self.to_retire.update(ids)
+            return
+        stream = h.on_event is not None or h.stops
+        for k, row in enumerate(ids):
+            self.by_row[row] = (h, k)
+            h.made.append({"ids": [], "lps": [], "tops": [], "versions": []})
+            h.texts.append(TextStream(self.tok, h.stops, self.stop_ids) if stream else None)
+
+    def _token(self, t) -> None:
+        if t.row not in self.by_row:
+            return
+        h, k = self.by_row[t.row]
+        m = h.made[k]
+        m["ids"].append(t.token)
+        m["lps"].append(t.logprob)
+        m["tops"].append(t.top)
+        m["versions"].append(t.version)
+        reason, text = t.finish_reason, h.texts[k]
+        new, released = "", []
+        if text is not None:
+            new, released = text.feed(t.token)
+            if text.stopped:  # a stop string: the row ends here
+                if reason is None:
+                    self.to_retire.add(t.row)
+                    self.stats["retired_early"] += 1
+                reason = "stop"
+            elif reason is not None and text.finish_reason is None:
+                more, rel = text.end(reason)
+                new, released = new + more, released + rel
+        if h.on_event is not None and not h.cancelled and (new or released or reason):
+            h.on_event(k, new, released, reason)
+        if reason is None:
+            return
+        m["reason"] = reason
+        del self.by_row[t.row]
+        h.left -= 1
+        if h.left == 0 and not h.future.done():
+            h.future.set_result([_completion(h.request, m) for m in h.made])
+
+    async def close(self) -> None:
+        """Answer everything admitted or waiting, then stop."""
+        self.closing = True
+        self.wake.set()
+        if self.task is not None:
+            await self.task
+
+
+def _fail(h: Handle, e: Exception) -> None:
+    if not h.future.done():
+        h.future.set_exception(e)
+    if h.on_event is not None and not h.cancelled:
+        h.on_event(None, "", [], e)
+
+
+def _completion(r: GenerationRequest, m: dict) -> Completion:
+    v = m["versions"]
+    tops = m["tops"] if r.params.top_logprobs > 0 else None
+    return Completion(tuple(r.prompt_ids), m["ids"], m["lps"], m["reason"], v[0],
+                      v if v[0] != v[-1] else None, tops)
