@@ -5,8 +5,9 @@ sends the same N chat requests (default 32, greedy, 16-32 new tokens each, end-o
 allowed) first one at a time, then from 16 concurrent clients, and reports for each: wall
 time, completion tokens per second, requests per second, p50/p99 latency; the throughput
 ratio (concurrent / one at a time; target >= 4x); whether every greedy answer was the same
-both ways; the server's batching counters (engine calls, most requests in one call); the load
-average before and after. Writes benchmarks/results/serve.json.
+both ways; the server's batching counters (continuous batching on the built-in engine: decode
+steps and most rows live at once; dynamic batching on other engines: engine calls and most
+requests in one call); the load average before and after. Writes benchmarks/results/serve.json.
 
     .venv/bin/python benchmarks/serve.py [--model embedded] [--requests 32] [--clients 16]
 """
@@ -100,6 +101,7 @@ def main() -> int:
                 time.sleep(1)
         reqs = requests(a.requests, model)
         asyncio.run(run(url, reqs[:2], 1))  # warm-up: first calls pay one-off costs
+        stats_start = httpx.get(url + "/health").json()["batching"]
         one, answers_one = asyncio.run(run(url, reqs, 1))
         stats_before = httpx.get(url + "/health").json()["batching"]
         many, answers_many = asyncio.run(run(url, reqs, a.clients))
@@ -107,7 +109,17 @@ def main() -> int:
     finally:
         server.send_signal(signal.SIGTERM)
         code = server.wait(120)
-    calls = stats_after["engine_calls"] - stats_before["engine_calls"]
+    mode = stats_after.get("mode", "dynamic")
+    if mode == "continuous":  # built-in engine: decode steps for all live rows
+        batching = {"concurrent_decode_steps": stats_after["steps"] - stats_before["steps"],
+                    "one_at_a_time_decode_steps": stats_before["steps"] - stats_start["steps"],
+                    "max_live_rows": stats_after["max_live_rows"],
+                    "rows_retired_early": stats_after["retired_early"]}
+    else:
+        calls = stats_after["engine_calls"] - stats_before["engine_calls"]
+        batching = {"concurrent_engine_calls": calls,
+                    "concurrent_requests_per_call": a.requests / calls if calls else None,
+                    "max_requests_per_call": stats_after["max_requests_per_call"]}
     result = {
         "model": a.model, "requests": a.requests, "max_tokens": "16 + (7 i mod 17), greedy",
         "one_at_a_time": one, "concurrent": many,
@@ -115,9 +127,7 @@ def main() -> int:
         "target_ratio": 4.0,
         "same_answers": answers_one == answers_many,
         "differing_answers": sum(x != y for x, y in zip(answers_one, answers_many)),
-        "concurrent_engine_calls": calls,
-        "concurrent_requests_per_call": a.requests / calls if calls else None,
-        "max_requests_per_call": stats_after["max_requests_per_call"],
+        "batching_mode": mode, **batching,
         "server_exit_code": code,
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "cpu_count": os.cpu_count(), "torch_threads_env": os.environ.get("OMP_NUM_THREADS"),
