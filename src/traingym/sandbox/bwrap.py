@@ -15,6 +15,8 @@ What the sandboxed code sees and may do:
   image's own packages and files are mounted read-only at /image. The agent runs with -I
   (no PYTHONPATH, no user site), and the environment sets PYTHONNOUSERSITE;
 - writable size-capped tmpfs mounts only: the workspace `/sandbox` (cwd, HOME), /tmp, /dev/shm;
+  optional top-level symlinks into them (`links`, e.g. /app -> /sandbox/app for a task format
+  that names fixed absolute paths);
 - an empty environment except PATH, HOME, LANG (`--clearenv`);
 - `--new-session` (no TIOCSTI into the host terminal), `--die-with-parent`.
 Limits: RLIMIT_CPU, RLIMIT_FSIZE per process; processes (fork bombs) by a pids cgroup and memory
@@ -87,7 +89,23 @@ def python_mounts(image: Image) -> list[str]:
     return args
 
 
-def mounts(image: Image, scratch_bytes: int) -> list[str]:
+def check_links(links) -> tuple[tuple[str, str], ...]:
+    """`links` ({path: target}) as ((path, target), ...): each path a new top-level name
+    ("/app"), each target inside the sandbox's writable folders or its image."""
+    links = tuple((str(a), str(b)) for a, b in dict(links or {}).items())
+    taken = {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/proc", "/dev",
+             "/tmp", WORKSPACE, MOUNT}
+    for path, target in links:
+        if not path.startswith("/") or path.count("/") != 1 or path in taken or len(path) < 2:
+            raise ValueError(f"sandbox link {path!r}: give a new top-level path like '/app' "
+                             f"(not one of {sorted(taken)})")
+        if not any(under(target, d) for d in (*WIPE_DIRS, MOUNT)):
+            raise ValueError(f"sandbox link {path!r} -> {target!r}: the target must lie in "
+                             f"{WIPE_DIRS} or {MOUNT}")
+    return links
+
+
+def mounts(image: Image, scratch_bytes: int, links=()) -> list[str]:
     args = ["--ro-bind", "/usr", "/usr"]
     for link in ("bin", "sbin", "lib", "lib32", "lib64"):
         target = Path("/", link)
@@ -102,6 +120,8 @@ def mounts(image: Image, scratch_bytes: int) -> list[str]:
     args += ["--proc", "/proc", "--dev", "/dev"]
     for d in ("/dev/shm", "/tmp", WORKSPACE):
         args += ["--size", str(scratch_bytes), "--tmpfs", d]
+    for path, target in links:
+        args += ["--symlink", target, path]
     return args + ["--remount-ro", "/dev", "--remount-ro", "/"]
 
 
@@ -111,15 +131,17 @@ class BwrapSandbox(AgentSandbox):
     scratch_bytes caps each of /sandbox, /tmp and /dev/shm (disk flood); the memory cgroup counts
     their pages too. `limits` are the defaults for `exec`. `image` is a built Image, an
     ImageSpec or its mapping (built here, once: images.get_image), or None: the standard
-    library only.
+    library only. `links` maps new top-level paths to targets in the writable folders or the
+    image (check_links), e.g. {"/app": "/sandbox/app"}.
     """
 
     backend = "bwrap"
 
     def __init__(self, limits: Limits | None = None, scratch_bytes: int = 64 * MiB,
-                 image=None):
+                 image=None, links=()):
         limits = limits or Limits()
         self.image = image if isinstance(image, Image) else get_image(image)
+        links = self._links(links)
         python = self.image.python
         self.layout = cgroup.find()
         self.root = os.geteuid() == 0
@@ -142,7 +164,7 @@ class BwrapSandbox(AgentSandbox):
             "--setenv", "HOME", WORKSPACE, "--setenv", "LANG", "C.UTF-8",
             "--setenv", "PYTHONNOUSERSITE", "1",
             "--hostname", "sandbox",
-            *mounts(self.image, scratch_bytes),
+            *mounts(self.image, scratch_bytes, links),
             "--chdir", WORKSPACE,
             *agent_argv(python, WORKSPACE, True, WIPE_DIRS),
         ]  # fmt: skip
@@ -151,12 +173,20 @@ class BwrapSandbox(AgentSandbox):
             self._set_cgroup(limits)
         self.oom_seen = self.pids_seen = 0
 
+    def _links(self, links) -> tuple[tuple[str, str], ...]:
+        links = check_links(links)
+        for path, _ in links:
+            if under(self.image.interpreter.prefix, path):
+                raise ValueError(f"sandbox link {path!r}: the interpreter's installation "
+                                 f"{self.image.interpreter.prefix} is mounted there")
+        return links
+
     @classmethod
     async def create(cls, limits: Limits | None = None, scratch_bytes: int = 64 * MiB,
-                     image=None):
+                     image=None, links=()):
         if not isinstance(image, Image):  # a build may take minutes: off the event loop
             image = await asyncio.to_thread(get_image, image)
-        sandbox = cls(limits, scratch_bytes, image)
+        sandbox = cls(limits, scratch_bytes, image, links)
         try:
             return await sandbox.start()
         except SandboxError as exc:
