@@ -147,6 +147,12 @@ def test_trains_with_an_openai_endpoint_judge(tmp_path, fake):
         assert rec["batch"] == 16  # one engine call for the step's 4 groups x 4 samples
     assert {s["reward"] for s in samples} <= {0.0, 1.0}
     assert "after" in result.eval
+    res = traingym.evaluate(run)  # `traingym eval` of the run: judged the same way
+    assert res.summary["num_prompts"] == 4
+    for r in res.records:
+        (rec,) = [i["judge"] for i in r["env_info"]]
+        assert rec["reward"] == r["reward"] and rec["batch"] == (4 if r["mode"] == "greedy"
+                                                                 else 4 * 2)  # x samples
 
 
 def test_trains_with_the_builtin_engine_on_the_tiny_model(tmp_path):
