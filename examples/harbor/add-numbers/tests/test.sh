@@ -1,0 +1,10 @@
+#!/bin/bash
+# Harbor verifier: run the tests against /app/solution.py, write the reward.
+mkdir -p /logs/verifier
+cd /app
+python -m pytest -q -p no:cacheprovider /tests/test_outputs.py -rA
+if [ $? -eq 0 ]; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
