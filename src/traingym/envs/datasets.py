@@ -30,6 +30,10 @@ def load_rows(source: str | Path | Iterable[dict[str, Any]], columns: dict[str, 
     """The rows of `source`, with `columns` mapped; `split` picks a DatasetDict's split."""
     if isinstance(source, (str, Path)) and str(source).startswith(HUB):
         rows = _hub_rows(str(source)[len(HUB):], split)
+    elif isinstance(source, (str, Path)) and str(source).startswith("harbor:"):
+        from traingym.envs.harbor import task_rows  # Harbor task folders (envs/harbor.py)
+
+        rows = task_rows(str(source)[len("harbor:"):])
     elif isinstance(source, (str, Path)):
         path = Path(source)
         if path.is_file() and path.suffix in (".jsonl", ".json"):
