@@ -176,6 +176,33 @@ def test_trains_with_the_builtin_engine_on_the_tiny_model(tmp_path):
             assert rec["score"] is None and s["reward"] == rec["reward"] == -1.0
 
 
+def test_a_run_checkpoint_judges(tmp_path):
+    """model = a run's checkpoint folder: its trained weights are loaded over the run's base
+    model for the judge's built-in engine."""
+    import torch
+    from safetensors.torch import load_file
+
+    from traingym.envs.judge import build_judge
+
+    base = tmp_path / "base"
+    cfg = traingym.build_config("tiny", overrides={"steps": 1, "eval": {"before": False,
+                                                                          "after": False}})
+    traingym.train(cfg, run_dir=base, progress=False)
+    (ckpt,) = (base / "checkpoints").glob("step_*")
+    judge = build_judge(JudgeConfig(model=str(ckpt), parse="number", on_failure="score:0"))
+    try:
+        saved = load_file(str(ckpt / "model.safetensors"))
+        served = judge.engine.model.state_dict()
+        name = "model.layers.0.mlp.up_proj.weight"
+        assert torch.equal(served[name].float(), saved[name].float())
+        from traingym.models.loader import load_policy
+
+        untrained = load_policy("tiny", seed=0)[0].state_dict()[name]
+        assert not torch.equal(untrained, saved[name].float())  # the step changed it
+    finally:
+        asyncio.run(judge.close())
+
+
 # -- failures, driven by hand through the env --------------------------------------------
 
 def _episodes(cfg: JudgeConfig, completions: list[str]):
