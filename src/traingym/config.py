@@ -76,9 +76,14 @@ class TaskConfig(_Strict):
                             "Env from (example, renderer), e.g. a MultiTurnEnv subclass; or "
                             "'gym:<id>' for a Gymnasium text env (envs/gym_text.py); or "
                             "'verifiers:<env_id>' for a verifiers environment "
-                            "(envs/verifiers_env.py); None: the single-turn env over `reward`")
+                            "(envs/verifiers_env.py); or 'openenv:<module:app or URL>' for an "
+                            "OpenEnv server (envs/openenv_env.py); or 'harbor' for Harbor task "
+                            "folders (task.dataset = 'harbor:<folder>', envs/harbor.py); None: "
+                            "the single-turn env over `reward`")
     env_args: dict[str, Any] = Field({}, description="keyword arguments of a 'verifiers:' env's "
-                                     "load_environment or a 'gym:' env's gymnasium.make")
+                                     "load_environment, a 'gym:' env's gymnasium.make or an "
+                                     "'openenv:' env's OpenEnvMaker (action_field, "
+                                     "observation_field, app_dir, startup_s, step_timeout_s)")
     judge: JudgeConfig | None = Field(None, description="an LLM judge scores each completion "
                                       "(envs/judge.py: engine, model, prompt, parse, "
                                       "on_failure); task.reward is then unused")
@@ -107,9 +112,10 @@ class TaskConfig(_Strict):
         if self.judge is not None and self.env is not None:
             raise ValueError("task.judge scores a single-turn completion and task.env brings "
                              "its own scoring: set one of them, not both")
-        if self.env_args and not (self.env or "").startswith(("verifiers:", "gym:")):
-            raise ValueError("task.env_args apply only to task.env = 'verifiers:<env_id>' or "
-                             "'gym:<id>'; a 'module:function' env takes its settings itself")
+        if self.env_args and not (self.env or "").startswith(("verifiers:", "gym:", "openenv:")):
+            raise ValueError("task.env_args apply only to task.env = 'verifiers:<env_id>', "
+                             "'gym:<id>' or 'openenv:<server>'; a 'module:function' env takes "
+                             "its settings itself")
         return self
 
     @field_validator("name")
