@@ -305,6 +305,17 @@ class OpenEnvMaker:
                              "openenv's create_app, started here) or 'http://host:port' (a "
                              "running server)")
 
+    @classmethod
+    def from_config(cls, server: str, env_args: dict[str, Any]) -> OpenEnvMaker:
+        """From task.env = 'openenv:<server>' and task.env_args (this class's other fields)."""
+        from traingym.config import ConfigError
+
+        keys = [f for f in cls.__dataclass_fields__ if f != "server"]
+        unknown = sorted(set(env_args) - set(keys))
+        if unknown:
+            raise ConfigError(f"task.env_args {unknown} for an OpenEnv env: it takes {keys}")
+        return cls(server, **env_args)
+
     def new_server(self) -> OpenEnvServer:
         return OpenEnvServer(self.server, self.app_dir, self.startup_s)
 
