@@ -119,6 +119,14 @@ def resolve_env(cfg: Config, env=None, group_reward=None) -> tuple[Callable | No
         from traingym.envs.verifiers_env import VerifiersMaker
 
         env = VerifiersMaker(t.env[len("verifiers:"):], dict(t.env_args))
+    if env is None and t.env and t.env.startswith("openenv:"):
+        from traingym.envs.openenv_env import OpenEnvMaker
+
+        env = OpenEnvMaker.from_config(t.env[len("openenv:"):], dict(t.env_args))
+    if env is None and t.env == "harbor":
+        from traingym.envs.harbor import HarborMaker
+
+        env = HarborMaker()
     if env is None and t.judge is not None:
         from traingym.envs.judge import JudgeMaker
 
