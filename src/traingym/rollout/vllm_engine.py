@@ -21,6 +21,11 @@ softmax(logits)): vLLM runs with `logprobs_mode="processed_logprobs"` plus the w
 pre-cut hook (see rollout/vllm_worker.py). On this AVX2 CPU vLLM computes in bf16 or fp32 as
 `model.engine_dtype` says; its sampler's softmax is fp32 either way.
 
+Scores (`score`, for a distillation teacher): the prompt log-probs of prompt + completion
+(`prompt_logprobs=0`, one throw-away sampled token), made exact to traingym's convention,
+log softmax(logits / T), by dividing the logits by T inside the worker for the length of the
+call (vLLM's own prompt log-probs are of softmax(logits) at any T; rollout/vllm_worker.py).
+
 Not covered: in-flight weight updates (abilities.inflight_updates is False), stop strings,
 tensor parallelism, several vLLM instances behind one engine (run one engine per instance).
 """
@@ -92,7 +97,8 @@ class VLLMEngine:
                                      "(default: the system temp folder)")
 
     abilities = EngineAbilities(takes_weights=True, inflight_updates=False,
-                                crosses_processes=True)
+                                crosses_processes=True, scores_tokens=True,
+                                scores_at_any_temperature=True)
 
     @classmethod
     def from_config(cls, cfg, model, tokenizer, options: Options) -> VLLMEngine:
@@ -169,6 +175,7 @@ class VLLMEngine:
         self._finalizer = weakref.finalize(self, _stop, self.proc, self.work_dir)
         ready = self._read(time.monotonic() + o.start_timeout_s, "starting")
         self.pre_cut_logprobs = bool(ready.get("pre_cut_logprobs"))
+        self.scaled_scores = bool(ready.get("scaled_scores"))
         self.vllm_version = ready.get("vllm")
 
     def _read(self, deadline: float, doing: str) -> dict:
@@ -285,6 +292,36 @@ class VLLMEngine:
         return [[Completion(tuple(r.prompt_ids), c["token_ids"], c["logprobs"],
                             c["finish_reason"], version) for c in comps]
                 for r, comps in zip(requests, outputs)]
+
+    async def score(self, prompts: list[list[int]], completions: list[list[int]],
+                    temperature: float) -> list[list[float]]:
+        """rollout/base.py's `score`, in a worker thread (module docstring: Scores)."""
+        return await asyncio.to_thread(self.score_sync, prompts, completions, temperature)
+
+    def score_sync(self, prompts, completions, temperature: float) -> list[list[float]]:
+        if len(prompts) != len(completions):
+            raise ValueError(f"score: {len(prompts)} prompts for {len(completions)} completions")
+        for i, (p, c) in enumerate(zip(prompts, completions)):
+            if not p:
+                raise ValueError(f"score: row {i} has an empty prompt")
+            if len(p) + len(c) + 1 > self.max_model_len:
+                raise ValueError(f"score: row {i} has {len(p)} prompt + {len(c)} completion "
+                                 f"tokens, + 1 > the engine's max_model_len "
+                                 f"{self.max_model_len}; raise engine_options.max_model_len")
+        if temperature > 0 and temperature != 1.0 and not self.scaled_scores:
+            raise ValueError(f"vllm engine: this vLLM's logits could not be scaled, so it scores "
+                             f"only at temperature 1, not {temperature:g}")
+        rows = [i for i, c in enumerate(completions) if c]
+        out: list[list[float]] = [[] for _ in prompts]
+        if not rows:
+            return out
+        msg = {"op": "score", "prompts": [list(prompts[i]) for i in rows],
+               "completions": [list(completions[i]) for i in rows], "temperature": temperature}
+        with self._lock:
+            got = self._call(msg)["logprobs"]
+        for i, lps in zip(rows, got):
+            out[i] = lps
+        return out
 
     def health(self) -> dict:
         alive = self.proc is not None and self.proc.poll() is None and not self._closed

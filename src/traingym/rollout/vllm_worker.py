@@ -12,10 +12,14 @@ corrupt the channel.
 Requests ({"op": ...}):
 - generate {"requests": [{prompt_ids, n, temperature, top_p, top_k, max_tokens,
   stop_token_ids, seed}]} -> {"outputs": [[{token_ids, logprobs, finish_reason}] * n]}
+- score {"prompts": [[id]], "completions": [[id]], "temperature": T} -> {"logprobs": [[float]]}:
+  each completion token's log-prob given its prompt (prompt_logprobs of prompt + completion,
+  max_tokens=1, the sampled token discarded)
 - reload {"path": DIR} -> reload the weights in place from DIR's safetensors files
 - health -> {"pid", "served"}; shutdown -> reply, then exit.
 Every reply has "ok"; a failure is {"ok": false, "error": "<type>: <message>"} and the worker
-keeps serving. On start it sends {"ok": true, "ready": true, "pre_cut_logprobs": bool}.
+keeps serving. On start it sends {"ok": true, "ready": true, "pre_cut_logprobs": bool,
+"scaled_scores": bool, "vllm": version}.
 
 Log-probs: the LLM is built with `logprobs_mode="processed_logprobs"`: vLLM then returns
 log_softmax of the logits after temperature (greedy: the raw logits) and after top-k/top-p
@@ -24,6 +28,15 @@ the top-k/top-p cut, so a worker extension (`PreCutLogprobs`) wraps the sampler'
 step to return log_softmax(logits / T) taken before the cut. Without a cut both are the same.
 Where the extension cannot install (another model runner), `pre_cut_logprobs` is false and the
 engine refuses requests that cut.
+
+Scores: vLLM computes prompt log-probs from the raw logits, log_softmax(logits), whatever the
+request's temperature or logprobs_mode (v1/worker/gpu_model_runner.py
+_get_prompt_logprobs_dict: "prompt tokens skip sampling processors"). traingym's score is of
+softmax(logits / T), so a second extension method (`traingym_logit_scale`) wraps the model's
+`compute_logits` to divide its fp32 result by a scale the worker sets to T for the length of
+one score call (and back to 1 after it). Score calls run alone (one message at a time), and
+their sampled token is discarded, so the scale touches nothing else. Where it cannot install,
+`scaled_scores` is false and the engine scores only at T = 1.
 
 The worker exits when its parent dies (it polls its parent pid; then it also removes
 `--owned-dir`, the engine's work folder) or when its command pipe closes.
@@ -77,6 +90,24 @@ class PreCutLogprobs:
         tks._traingym_pre_cut = True
         return True
 
+    def traingym_logit_scale(self, scale: float) -> bool:
+        """Divide the logits the model computes by `scale` (1.0: unchanged) from now on."""
+        model = getattr(getattr(self, "model_runner", None), "model", None)
+        if model is None or not callable(getattr(model, "compute_logits", None)):
+            return False
+        if not getattr(model, "_traingym_scaled", False):
+            inner = model.compute_logits
+
+            def compute_logits(*args, **kwargs):
+                logits = inner(*args, **kwargs)
+                s = model._traingym_scale
+                return logits if logits is None or s == 1.0 else logits.float() / s
+
+            model.compute_logits = compute_logits
+            model._traingym_scaled = True
+        model._traingym_scale = float(scale)
+        return True
+
 
 def _watch_parent(parent: int, owned: str | None) -> None:
     while True:
@@ -117,6 +148,27 @@ def generate(llm, vllm, requests: list[dict]) -> list[list[dict]]:
     return out
 
 
+def score(llm, vllm, prompts: list[list[int]], completions: list[list[int]],
+          temperature: float) -> list[list[float]]:
+    """Log-prob of each completion token under softmax(logits / T) (T <= 0: T = 1)."""
+    scale = temperature if temperature > 0 else 1.0
+    params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0,
+                                 ignore_eos=True, detokenize=False, skip_special_tokens=False)
+    inputs = [{"prompt_token_ids": list(p) + list(c)} for p, c in zip(prompts, completions)]
+    if scale != 1.0 and not all(llm.collective_rpc("traingym_logit_scale", args=(scale,))):
+        raise RuntimeError("cannot scale this vLLM's logits: score only at temperature 1")
+    try:
+        results = llm.generate(inputs, params, use_tqdm=False)
+    finally:
+        if scale != 1.0:
+            llm.collective_rpc("traingym_logit_scale", args=(1.0,))
+    out = []
+    for p, c, result in zip(prompts, completions, results):
+        rows = result.prompt_logprobs  # row i: the log-prob of prompt token i (row 0: None)
+        out.append([float(rows[len(p) + j][t].logprob) for j, t in enumerate(c)])
+    return out
+
+
 def serve(llm, vllm, fin, fout, served: str) -> None:
     def reply(msg: dict) -> None:
         fout.write(json.dumps(msg) + "\n")
@@ -128,6 +180,9 @@ def serve(llm, vllm, fin, fout, served: str) -> None:
         try:
             if op == "generate":
                 reply({"ok": True, "outputs": generate(llm, vllm, msg["requests"])})
+            elif op == "score":
+                reply({"ok": True, "logprobs": score(llm, vllm, msg["prompts"],
+                                                     msg["completions"], msg["temperature"])})
             elif op == "reload":
                 t0 = time.perf_counter()
                 llm.collective_rpc("reload_weights", kwargs={"weights_path": msg["path"]})
@@ -175,12 +230,13 @@ def main() -> None:
                    skip_tokenizer_init=True, max_logprobs=1,
                    worker_extension_cls="vllm_worker.PreCutLogprobs")
     pre_cut = all(llm.collective_rpc("traingym_pre_cut_logprobs"))
+    scaled = all(llm.collective_rpc("traingym_logit_scale", args=(1.0,)))
     # One token now, so a model vLLM cannot run here (an attention head size its CPU kernels
     # lack) fails at start, not at the first rollout; it also pays vLLM's first-call warm-up.
     generate(llm, vllm, [{"prompt_ids": [0, 1], "n": 1, "temperature": 1.0, "top_p": 0.9,
                           "top_k": 5, "max_tokens": 2, "stop_token_ids": [], "seed": 0}])
     fout.write(json.dumps({"ok": True, "ready": True, "pre_cut_logprobs": pre_cut,
-                           "vllm": vllm.__version__}) + "\n")
+                           "scaled_scores": scaled, "vllm": vllm.__version__}) + "\n")
     fout.flush()
     serve(llm, vllm, fin, fout, args.model)
     fout.close()
