@@ -131,3 +131,17 @@ def test_sliding_window_families_equal_generate(model_type, extra):
         comp = eng.generate_sync([r])[0][0]
         assert [t.token for t in got[row]] == comp.token_ids
         assert [t.logprob for t in got[row]] == pytest.approx(comp.logprobs, abs=1e-4)
+
+
+def test_cache_slots_grow_with_the_rows_without_changing_them(engine):
+    eng, tok = engine
+    r = GenerationRequest(tuple(tok("What is 3 + 4?")["input_ids"]), 3,
+                          SamplingParams(0.8, max_new_tokens=200), seed=3)
+    dec = eng.step_decoder(max_rows=8)
+    rows = dec.admit([r])[0]
+    first_slots = dec.cache[0][0].shape[2]
+    got = drain(dec, {0: rows})
+    assert dec.cache[0][0].shape[2] > first_slots  # grew (several times) while decoding
+    assert dec.cache[0][0].shape[0] == 3  # rows only as many as needed
+    for row, comp in zip(rows, eng.generate_sync([r])[0]):
+        assert [t.token for t in got[row]] == comp.token_ids

@@ -17,7 +17,8 @@ Cache layout: tensors (rows, kv heads, slots, head dim) per layer; live rows are
 holds its left-padded prompt at slots first[b]..T-1 and its new tokens after it; a decode
 step writes each row's token at its own slot and attends over slots 0..max live slot (the
 mask keeps each row to its own slots). Rows and slots grow when an admission needs them;
-nothing shrinks.
+nothing shrinks. Slots grow as the rows get longer (by half, at least 64), not by each
+request's max_new_tokens up front, so memory follows the lengths decoded.
 
 Not covered: engines without the fused path (plain Hugging Face forward: their cache is a
 DynamicCache with one length for all rows), in-flight weight updates (`between_steps` is not
@@ -94,8 +95,7 @@ class StepDecoder:
         logits_P_V, cache = self.fused.prefill(ids_P_T, mask_P_T, pos_P_T, T)
         ns = torch.tensor([r.n for r in requests], device=self.device)
         new = int(ns.sum())
-        need_slots = max(T + r.params.max_new_tokens for r in requests)
-        self._grow(len(self.rows) + new, need_slots)
+        self._grow(len(self.rows) + new, T + 1)
         lo, hi = len(self.rows), len(self.rows) + new
         for (k, v), (k_new, v_new) in zip(self.cache, cache):
             k[lo:hi, :, :T] = k_new.repeat_interleave(ns, 0)
@@ -140,6 +140,7 @@ class StepDecoder:
             tok_B = tok_B[self._keep(keep)]
         if self.rows:
             n, S = len(self.rows), int(self.slot_B.max()) + 1
+            self._grow(n, S)
             view = [(k[:n, :, :S], v[:n, :, :S]) for k, v in self.cache]
             self.logits_B_V = self.fused.decode_rows(tok_B.to(self.device),
                                                      self.slot_B - self.first_B, view,
@@ -206,8 +207,8 @@ class StepDecoder:
         R, S = (self.cache[0][0].shape[0], self.cache[0][0].shape[2]) if self.cache else (0, 0)
         if rows <= R and slots <= S:
             return
-        R2 = max(R, min(max(rows, 2 * R), max(rows, self.max_rows)))
-        S2 = max(S, slots if slots <= S else max(slots, S + S // 2))
+        R2 = R if rows <= R else min(max(rows, 2 * R), max(rows, self.max_rows))
+        S2 = max(S, slots if slots <= S else max(slots, S + max(S // 2, 64)))
         kw = {"dtype": self.fused.embed.dtype, "device": self.device}
         n = len(self.rows)
         grown = []
