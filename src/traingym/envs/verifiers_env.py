@@ -158,7 +158,7 @@ def _schema(tool) -> dict:
                                              "parameters": t.get("parameters") or {}}}
 
 
-def policy_client(vf, channel: _Channel):
+def policy_client(channel: _Channel):
     """A verifiers Client whose model is the traingym policy: each call is handed over the
     channel and answered by the episode's next policy turn."""
     from verifiers.clients.client import Client
@@ -192,7 +192,8 @@ def policy_client(vf, channel: _Channel):
 class _Channel:
     """Between verifiers' rollout task and the traingym episode."""
 
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # ('ask', msgs, tools) | ('done', state)
+    # ('ask', messages, tools) | ('done', state) | ('raised', exception)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
     reply: asyncio.Future | None = None
 
     async def ask(self, messages, tools):
@@ -216,7 +217,7 @@ class VerifiersEnv(MultiTurnEnv):
         self._info: dict[str, Any] = {}
 
     async def _rollout(self) -> None:
-        client = policy_client(self.vf, self.channel)
+        client = policy_client(self.channel)
         try:
             state = await self.env.rollout(dict(self.example), client, "traingym-policy",
                                            dict(self.env.sampling_args))
