@@ -321,3 +321,14 @@ def test_bad_judge_config_names_the_fix():
     with pytest.raises(traingym.ConfigError, match="not both"):
         traingym.build_config("tiny", overrides={"task": {"judge": {"model": "tiny"},
                                                           "env": "gym:x"}})
+
+
+def test_the_maker_pickles_for_engine_processes():
+    """mode='async' sends the env maker to engine processes (checked by hand: a 2-step async
+    tiny run judged all 32 samples of its engine's collection in one call)."""
+    import pickle
+
+    from traingym.envs.judge import JudgeMaker
+
+    maker = JudgeMaker(JudgeConfig(model="tiny", parse="regex:Score: (\\d+)"))
+    assert pickle.loads(pickle.dumps(maker)) == maker

@@ -176,3 +176,14 @@ def test_an_environment_object_trains_from_python(tmp_path):
     assert samples and all("Answer with the number only." in s["prompt"] for s in samples)
     assert all(set(s["env_info"][0]["verifiers"]["rewards"]) == {"exact", "digits"}
                for s in samples)
+
+
+def test_the_maker_pickles_by_id():
+    """mode='async' sends the maker to engine processes, which load the env by id."""
+    import pickle
+
+    from traingym.envs.verifiers_env import VerifiersMaker
+
+    maker = pickle.loads(pickle.dumps(VerifiersMaker("vf-tiny", {"kind": "tool"})))
+    assert maker.env is None and maker.env_args == {"kind": "tool"}
+    assert type(maker.environment()).__name__ == "ToolEnv"
