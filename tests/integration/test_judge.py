@@ -332,3 +332,17 @@ def test_the_maker_pickles_for_engine_processes():
 
     maker = JudgeMaker(JudgeConfig(model="tiny", parse="regex:Score: (\\d+)"))
     assert pickle.loads(pickle.dumps(maker)) == maker
+
+
+def test_the_judge_prompt_is_filled_from_the_row():
+    from traingym.envs.judge import judge_prompt
+
+    cfg = JudgeConfig(model="tiny", prompt='Q: {prompt} A: {completion} ({answer}) {{"x": 1}}')
+    chat = {"prompt": [{"role": "system", "content": "Be brief."},
+                       {"role": "user", "content": "2+2?"}], "answer": 4}
+    assert judge_prompt(cfg, chat, "4") == \
+        'Q: system: Be brief.\nuser: 2+2? A: 4 (4) {"x": 1}'
+    with pytest.raises(JudgeError, match="no 'answer' .*task.columns.answer"):
+        judge_prompt(cfg, {"prompt": "2+2?"}, "4")
+    no_answer = JudgeConfig(model="tiny", prompt="{prompt} -> {completion}")
+    assert judge_prompt(no_answer, {"prompt": "2+2?"}, "4") == "2+2? -> 4"
