@@ -346,3 +346,20 @@ def test_the_judge_prompt_is_filled_from_the_row():
         judge_prompt(cfg, {"prompt": "2+2?"}, "4")
     no_answer = JudgeConfig(model="tiny", prompt="{prompt} -> {completion}")
     assert judge_prompt(no_answer, {"prompt": "2+2?"}, "4") == "2+2? -> 4"
+
+
+def test_a_toml_config_names_the_judge(tmp_path):
+    from traingym.config_load import build_config
+
+    path = tmp_path / "run.toml"
+    path.write_text('[task.judge]\nmodel = "tiny"\nengine = "openai"\n'
+                    'engine_options = {base_url = "http://127.0.0.1:9/v1", retries = 0}\n'
+                    'parse = "regex:Score: (\\\\d+)"\nscore_range = [0, 10]\n'
+                    'on_failure = "drop"\n')
+    cfg = build_config("tiny", file=path, overrides=["task.judge.max_tokens=8"])
+    j = cfg.task.judge
+    assert (j.engine, j.parse, j.score_range, j.on_failure, j.max_tokens) == \
+        ("openai", "regex:Score: (\\d+)", (0.0, 10.0), "drop", 8)
+    path.write_text('[task.judge]\nmodel = "tiny"\nparse = "score"\n')
+    with pytest.raises(traingym.ConfigError, match="task.judge.parse='score': use 'yes_no'"):
+        build_config("tiny", file=path)
