@@ -167,9 +167,13 @@ def resolve_inputs(cfg: Config, dataset=None, eval_dataset=None, reward=None, en
         train_rows, eval_rows = env_rows(env.environment(), cfg.eval.num_prompts)
         reward_fn = None
     else:
-        if t.env and t.env.startswith("gym:"):
+        if t.env and t.env.startswith(("gym:", "openenv:")):
             raise ConfigError(f"task.env={t.env!r} needs episodes: set task.dataset to rows "
-                              "like {prompt: '', seed: 0} (one per episode; envs/gym_text.py)")
+                              "like {prompt: '', seed: 0} (one per episode; envs/gym_text.py, "
+                              "envs/openenv_env.py)")
+        if t.env == "harbor":
+            raise ConfigError("task.env='harbor' needs its tasks: set task.dataset = "
+                              "'harbor:<folder>' (a Harbor task folder or a folder of them)")
         if eval_dataset is not None or t.eval_dataset is not None:
             raise ConfigError("task.eval_dataset needs task.dataset: the built-in task "
                               f"{t.name!r} brings its own held-out rows")
