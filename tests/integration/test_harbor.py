@@ -88,6 +88,10 @@ def test_harbor_task_trains_and_evaluates(tmp_path):
 def test_bad_task_folders_are_named(tmp_path):
     from traingym.envs.harbor import HarborTaskError, load_task, task_rows
 
+    with pytest.raises(traingym.ConfigError, match="task.dataset = 'harbor:<folder>'"):
+        traingym.train(traingym.build_config("tiny", overrides={"task": {"env": "harbor"}}),
+                       run_dir=tmp_path / "r", progress=False)
+
     with pytest.raises(HarborTaskError, match="neither a task folder"):
         task_rows(tmp_path)
     bad = tmp_path / "t"

@@ -173,6 +173,9 @@ def test_bad_openenv_settings_are_named(tmp_path):
 
     with pytest.raises(ValueError, match="give 'module:app'"):
         OpenEnvMaker("not-an-app")
+    with pytest.raises(traingym.ConfigError, match="needs episodes"):
+        traingym.train(traingym.build_config("tiny", overrides={"task": {
+            "env": "openenv:http://127.0.0.1:9"}}), run_dir=tmp_path / "r0", progress=False)
     cfg = traingym.build_config("tiny", overrides={"task": {
         "env": "openenv:http://127.0.0.1:9", "env_args": {"action": "message"},
         "dataset": str(tmp_path / "rows.jsonl")}})
