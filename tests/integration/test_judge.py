@@ -363,3 +363,13 @@ def test_a_toml_config_names_the_judge(tmp_path):
     path.write_text('[task.judge]\nmodel = "tiny"\nparse = "score"\n')
     with pytest.raises(traingym.ConfigError, match="task.judge.parse='score': use 'yes_no'"):
         build_config("tiny", file=path)
+
+
+def test_a_score_outside_the_range_is_a_failure(fake):
+    fake.mode = "ok"
+    cfg = JudgeConfig(**_judge(fake, score_range=[0.5, 1.0], on_failure="score:0.75"))
+    (yes, no), _ = _episodes(cfg, [" 3", " x"])
+    assert yes.reward == 1.0 and yes.info["judge"]["failure"] is None
+    assert no.reward == 0.75 and no.info["judge"]["answer"] == "no"
+    assert no.info["judge"]["failure"] == \
+        "unparseable: score 0 is outside score_range [0.5, 1]"
