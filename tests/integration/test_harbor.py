@@ -126,3 +126,25 @@ def test_sandbox_links_are_checked():
     top = "/" + get_image(None).interpreter.prefix.split("/")[1]
     with pytest.raises(ValueError, match="installation|new top-level path"):
         BwrapSandbox(links={top: "/sandbox/x"})  # refused before anything starts
+
+
+def test_task_image_and_limits_come_from_the_folder(tmp_path):
+    """environment/requirements.txt is the image's lock file, [traingym] requirements its list;
+    the timeouts and memory of task.toml become the sandbox limits; no answer_file: a script."""
+    from traingym.envs.harbor import load_task, task_rows
+
+    task_dir = tmp_path / "tasks" / "t1"
+    (task_dir / "tests").mkdir(parents=True)
+    (task_dir / "environment").mkdir()
+    (task_dir / "instruction.md").write_text("Make /app/out.txt say hi.")
+    (task_dir / "tests" / "test.sh").write_text("grep -q hi /app/out.txt\n")
+    (task_dir / "environment" / "requirements.txt").write_text("numpy==2.3.0\n")
+    (task_dir / "task.toml").write_text(
+        "[verifier]\ntimeout_sec = 12.5\n[agent]\ntimeout_sec = 7\n"
+        "[environment]\nmemory_mb = 300\n[traingym]\nrequirements = ['pytest']\n")
+    task = load_task(str(task_dir))
+    assert task.image.lock == str(task_dir / "environment" / "requirements.txt")
+    assert task.image.requirements == ("pytest",) and task.answer_file is None
+    assert (task.verifier_limits.wall_s, task.agent_limits.wall_s) == (12.5, 7.0)
+    assert task.verifier_limits.memory_bytes == 300 << 20
+    assert [r["id"] for r in task_rows(tmp_path / "tasks")] == ["t1"]
