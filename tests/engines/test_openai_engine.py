@@ -196,6 +196,30 @@ def test_logprobs_match_a_hf_forward_and_are_raw_at_other_temperatures(server, s
     assert max(gaps) > 0.05  # and so not those of softmax(logits / T)
 
 
+def test_score_equals_a_hf_forward_and_the_builtin_engine_at_t1(server, setup):
+    """score (echo + logprobs, max_tokens=0) in both dialects: the log-probs of given tokens
+    equal an fp32 HF forward's and the built-in engine's score (LOGPROB_ATOL); T = 0 scores as
+    T = 1; any other T is refused (a server's prompt log-probs are of softmax(logits))."""
+    from traingym.rollout.torch_engine import TorchEngine
+
+    model, tok, _, prompts = setup
+    comps = run(engine(server, tok), [GenerationRequest(p, 1, SamplingParams(
+        temperature=1.0, max_new_tokens=6), seed=5) for p in prompts[:4]])
+    ps, cs = [list(p) for p in prompts[:4]], [c[0].token_ids for c in comps]
+    ours = asyncio.run(TorchEngine(model, tok.pad_token_id, dtype=torch.float32).score(
+        ps, cs, 1.0))
+    for dialect in ("vllm", "standard"):
+        eng = engine(server, tok, dialect=dialect)
+        for temp in (1.0, 0.0):
+            got = asyncio.run(eng.score(ps + [ps[0]], cs + [[]], temp))
+            assert got[-1] == [] and [len(g) for g in got[:-1]] == [len(c) for c in cs]
+            for g, c, o in zip(got, comps, ours):
+                assert (hf_logprobs(model, c[0]) - torch.tensor(g)).abs().max() <= LOGPROB_ATOL
+                assert g == pytest.approx(o, abs=LOGPROB_ATOL)
+        with pytest.raises(ValueError, match="softmax\\(logits / 0.7\\)"):
+            asyncio.run(eng.score(ps, cs, 0.7))
+
+
 def test_a_stop_token_ends_the_completion_with_finish_reason_stop(server, setup):
     _, tok, _, prompts = setup
     eng = engine(server, tok)
@@ -466,6 +490,8 @@ def test_traingym_serve_as_a_standard_endpoint_with_an_api_key(monkeypatch, tmp_
             want = b[0].token_ids[:-1] if b[0].finish_reason == "stop" else b[0].token_ids
             assert a[0].token_ids == want and a[0].finish_reason == b[0].finish_reason
             assert a[0].logprobs == pytest.approx(b[0].logprobs[: len(want)], abs=1e-4)
+        with pytest.raises(ServerRejected, match="cannot score given tokens"):  # no echo
+            asyncio.run(eng.score([prompts[0]], [[eos]], 1.0))
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)

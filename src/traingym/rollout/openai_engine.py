@@ -20,8 +20,10 @@ loop); connection failures and 5xx answers are retried with backoff, 4xx never
   cannot be sent as ids: the completion is cut after the first stop token client-side (same
   result, some wasted decoding), and the server may still end early at its own end-of-sequence
   token (finish_reason "stop" without a stop token in the ids). Tokens come back as strings;
-  each is mapped to one id with the tokenizer (`tokenizer.encode(piece)` must give exactly one
-  id that decodes back to the piece) and the ids must decode to the text the server returned.
+  each is mapped to one id with the tokenizer: the one id whose text (or, for a piece of a
+  character, `bytes:\\xNN` as OpenAI writes it; models/token_strings.py) is that string, else
+  `tokenizer.encode(piece)` must give exactly one id that decodes back to the piece; and the
+  ids must decode to the text the server returned.
   That mapping can drift (byte-fallback pieces, merges the server tokenized differently), so
   any mismatch raises `TokenDrift` naming the piece: nothing is evaluated on guessed ids.
 `extra_body` is merged into every request last (server-specific fields).
@@ -40,9 +42,19 @@ baseline that uses them as the sampling distribution at T != 1 needs "processed"
 Also: `version` is always 0 (the server's weights are its own; no trainer publishes them);
 `state_hash()` raises (the OpenAI API cannot read weights back); `health()` asks /v1/models.
 With dialect "vllm" the server's tokenizer is checked against the run's at start-up (/tokenize
-of a probe text): ids would mean different things otherwise. Not covered: chat completions
-(token ids in, token ids out needs the completions API), streaming, stop strings, prompt
-log-probs, beam search.
+of a probe text): ids would mean different things otherwise.
+
+Scores (`score`, for a distillation teacher): one POST /v1/completions per row with prompt +
+completion as the `prompt`, `echo=true`, `logprobs=0`, `max_tokens=0`, the completions API's
+way to score given tokens (vLLM's OpenAI server answers it with its prompt log-probs); the
+echoed tokens must be exactly the ids sent (TokenDrift otherwise). Only at T = 1 (or T <= 0:
+softmax(logits)), since a server's prompt log-probs are of softmax(logits) (vLLM: at any
+request temperature and --logprobs-mode) and the API has no field for another T; other T raise
+ValueError (abilities.scores_at_any_temperature is False). `traingym serve` does not take
+`echo` yet, so it cannot be a scoring server.
+
+Not covered: chat completions (token ids in, token ids out needs the completions API),
+streaming, stop strings, beam search.
 """
 
 from __future__ import annotations
@@ -56,6 +68,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from traingym.models.token_strings import piece_ids
 from traingym.rollout.base import EngineAbilities
 from traingym.rollout.http import HttpClient, ServerRejected, split_base_url
 from traingym.types import Completion, GenerationRequest, SamplingParams
@@ -123,7 +136,8 @@ class OpenAIEngine:
             return v
 
     abilities = EngineAbilities(takes_weights=False, inflight_updates=False,
-                                crosses_processes=True)
+                                crosses_processes=True, scores_tokens=True,
+                                scores_at_any_temperature=False)
     version = 0
     """Always 0: the server serves its own weights, which no traingym trainer publishes."""
 
@@ -229,6 +243,58 @@ class OpenAIEngine:
                 raise ValueError(f"request {i}: prompt_ids must be token ids (ints)")
         async with self.http.async_client() as client:
             return list(await asyncio.gather(*(self._one(client, r) for r in requests)))
+
+    async def score(self, prompts: list[list[int]], completions: list[list[int]],
+                    temperature: float) -> list[list[float]]:
+        """rollout/base.py's `score` at T = 1 (module docstring: Scores), one request a row,
+        at most `max_concurrency` in flight."""
+        if self._closed:
+            raise RuntimeError("openai engine: score after close()")
+        if temperature > 0 and temperature != 1.0:
+            raise ValueError(f"openai engine: a server scores given tokens under "
+                             f"softmax(logits) only, not softmax(logits / {temperature:g}); "
+                             "sample at rollout.temperature = 1, or score with an engine that "
+                             "scales (torch, vllm)")
+        if len(prompts) != len(completions) or not all(prompts):
+            raise ValueError(f"score: {len(prompts)} prompts for {len(completions)} "
+                             "completions; each row needs a non-empty prompt")
+        async with self.http.async_client() as client:
+            return list(await asyncio.gather(*(self._score_one(client, p, c)
+                                               for p, c in zip(prompts, completions))))
+
+    async def _score_one(self, client, prompt: list[int], completion: list[int]) -> list[float]:
+        if not completion:
+            return []
+        url, ids = f"{self.root}/v1/completions", [*prompt, *completion]
+        body: dict[str, Any] = {"model": self.model, "prompt": ids, "echo": True, "logprobs": 0,
+                                "max_tokens": 0, "temperature": 1.0, "stream": False}
+        if self.options.dialect == "vllm":
+            body["return_tokens_as_token_ids"] = True
+        body.update(self.options.extra_body)
+        try:
+            answer = await self.http.request(client, "POST", "/v1/completions", body)
+        except ServerRejected as e:
+            raise ServerRejected(f"{e} (the scoring request: echo=true, logprobs=0, "
+                                 "max_tokens=0); this server cannot score given tokens: use "
+                                 "vLLM's OpenAI server or another teacher engine (torch, vllm)",
+                                 e.status) from e
+        choices = answer.get("choices") or []
+        lp = (choices[0].get("logprobs") or {}) if len(choices) == 1 else {}
+        pieces, logprobs = lp.get("tokens"), lp.get("token_logprobs")
+        if pieces is None or logprobs is None or not len(pieces) == len(logprobs) == len(ids):
+            raise RuntimeError(f"openai engine: {url} did not echo the {len(ids)} tokens sent "
+                               "with their log-probs (echo=true, logprobs=0, max_tokens=0): "
+                               "this server cannot score given tokens (vLLM's OpenAI server "
+                               "can)")
+        echoed = self._ids(url, pieces, choices[0])
+        if echoed != ids:
+            raise TokenDrift(f"openai engine: {url} echoed token ids {echoed[:12]}... for the "
+                             f"ids {ids[:12]}... it was sent")
+        out = logprobs[len(prompt):]
+        if any(x is None for x in out):
+            raise RuntimeError(f"openai engine: {url} echoed a completion token without a "
+                               "log-prob")
+        return [float(x) for x in out]
 
     # -- one request ----------------------------------------------------------------------
 
@@ -344,6 +410,9 @@ class OpenAIEngine:
         if tok is None:
             raise TokenDrift(f"openai engine: {url} returns tokens as strings and the engine "
                              "has no tokenizer to map them; build it through from_config")
+        known = piece_ids(tok).get(piece)  # the one id written so (text, or bytes:\xNN)
+        if known is not None:
+            return known
         one = tok.encode(piece, add_special_tokens=False)
         if len(one) != 1 or tok.decode(one) != piece:
             where = f"token {i}" if i >= 0 else "a top log-prob token"
