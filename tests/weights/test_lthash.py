@@ -91,8 +91,8 @@ class _Dropping(DeltaCodec):
 
     mode = "drop"
 
-    def encode_changes(self, old, new, with_sum=True):
-        payload, changes = super().encode_changes(old, new, with_sum)
+    def encode_changes(self, old, new, with_sum=True, cast=None):
+        payload, changes = super().encode_changes(old, new, with_sum, cast)
         name, start, pos, _ = changes.pieces[0]
         wrong = _clone(new)
         b = bits(wrong[name])
@@ -101,7 +101,7 @@ class _Dropping(DeltaCodec):
         else:
             q = (start + pos[-1] + 1) % b.size  # an extra change the state does not have
             b[q] ^= b.dtype.type(1)
-        return super().encode_changes(old, wrong, with_sum)[0], changes
+        return super().encode_changes(old, wrong, with_sum, cast)[0], changes
 
 
 @pytest.mark.parametrize("mode", ["drop", "extra"])
@@ -204,3 +204,51 @@ def test_sync_hash_names_the_state_and_full_hash_matches(states):
         sub.wait_for(v, 1.0)
         assert sub.hash == pub.hash and _equal(sub.state, s)
     assert pub.full_hash() == state_hash(states[-1])
+
+
+def _masters(n_steps=3, seed=0):
+    """fp32 master states whose bf16 casts change sparsely, and one dense step."""
+    g = torch.Generator().manual_seed(seed)
+    w = {"a": torch.randn(300_000, generator=g) * 0.02, "b": torch.randn(70, 9, generator=g),
+         "c": torch.randn(5000, generator=g)}
+    out = [{k: v.clone() for k, v in w.items()}]
+    for i in range(n_steps):
+        for k, v in w.items():
+            v += 1e-5 * torch.randn(v.shape, generator=g)
+        if i == n_steps - 1:
+            w["c"] += torch.randn(5000, generator=g)  # dense: xor or raw
+        out.append({k: v.clone() for k, v in w.items()})
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_cast_path_matches_casting_first(threads, monkeypatch):
+    monkeypatch.setattr(codecs, "CAST_CHUNK", 4096)  # many chunks, a ragged last one
+    monkeypatch.setattr(codecs, "PIECE_ALIGN", 1024)
+    masters = _masters()
+    cfg = PublisherConfig(codec="delta", full_hash_every=2, threads=threads)
+    fused = Publisher(InprocSender(InprocConfig(name=f"cast-f{threads}")), cfg)
+    plain = Publisher(InprocSender(InprocConfig(name=f"cast-p{threads}")), cfg)
+    sub = Subscriber(InprocReceiver(InprocConfig(name=f"cast-f{threads}")))
+    for v, m in enumerate(masters):
+        wire = {k: t.to(torch.bfloat16) for k, t in m.items()}
+        a, b = fused.publish(m, v, cast=torch.bfloat16), plain.publish(wire, v)
+        assert (a.codec, a.payload_bytes, a.changed) == (b.codec, b.payload_bytes, b.changed)
+        assert fused.hash == plain.hash
+        sub.wait_for(v, 1.0)
+        assert _equal(sub.state, wire)
+    methods = {e.method for e in fused.sender.hub.chain.since(None)[-1].header.tensors}
+    assert methods & {"xor", "raw"} and methods & {"tiered", "sparse"}
+
+
+def test_cast_to_the_same_dtype_does_not_alias_the_trainer():
+    masters = _masters(1)
+    live = {k: v.clone() for k, v in masters[0].items()}
+    pub = Publisher(InprocSender(InprocConfig(name="cast-same")), PublisherConfig(codec="delta"))
+    sub = Subscriber(InprocReceiver(InprocConfig(name="cast-same")))
+    pub.publish(live, 0, cast=torch.float32)
+    for k, v in live.items():
+        v.copy_(masters[1][k])  # the optimizer steps in place
+    pub.publish(live, 1, cast=torch.float32)
+    sub.wait_for(1, 1.0)
+    assert _equal(sub.state, masters[1]) and pub.full_hash() == state_hash(masters[1])

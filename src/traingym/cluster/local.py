@@ -45,7 +45,7 @@ from traingym.observability import trace
 from traingym.precision import engine_dtype
 from traingym.rollout import registry as engines
 from traingym.weights import registry
-from traingym.weights.colocated import wire_state
+from traingym.weights.colocated import wire_views
 from traingym.weights.sync import Publisher, PublisherConfig
 
 
@@ -280,8 +280,8 @@ class LocalEngines:
     def publish(self, state, version: int) -> dict:
         """Send `version` to every engine (they apply it between engine calls)."""
         t0 = time.perf_counter()
-        wire = wire_state(state, self.dtype)
-        stats = self.publisher.publish(wire, version)
+        wire = wire_views(state)  # the publisher casts, finding a delta's changes as it goes
+        stats = self.publisher.publish(wire, version, cast=self.dtype)
         numel = sum(t.numel() for t in wire.values())
         return {"sync_version": version, "sync_codec": stats.codec, "sync_reason": stats.reason,
                 "sync_bytes": stats.payload_bytes, "sync_full_bytes": stats.full_bytes,

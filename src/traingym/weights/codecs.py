@@ -62,6 +62,30 @@ def changes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
     return pos, aw[lanes], bw[lanes]
 
 
+CAST_CHUNK = 1 << 17  # elements cast and compared at a time (in cache)
+
+
+def cast_changes(master: torch.Tensor, old: np.ndarray, dtype: torch.dtype):
+    """`changes(old, bits(master cast to dtype))` without the cast copy: `master` (flat,
+    contiguous, any dtype) is cast a chunk at a time into a buffer that stays in cache and
+    compared there with `old`, the bits of the last published cast. One read of each."""
+    n = master.numel()
+    if n != old.size:
+        raise ValueError(f"master has {n} elements, the published state {old.size}")
+    buf = torch.empty(min(n, CAST_CHUNK), dtype=dtype)
+    nb = bits(buf)
+    found = []
+    for i in range(0, n, CAST_CHUNK):
+        k = min(CAST_CHUNK, n - i)
+        buf[:k].copy_(master[i : i + k])
+        pos, a_pos, b_pos = changes(old[i : i + k], nb[:k])
+        if pos.size:
+            found.append((pos + i, a_pos, b_pos))
+    if not found:
+        return np.zeros(0, np.int64), old[:0].copy(), old[:0].copy()
+    return tuple(np.concatenate(x) for x in zip(*found))
+
+
 def changed_positions(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Indices where a != b (sorted)."""
     return changes(a, b)[0]
@@ -195,29 +219,34 @@ class DeltaCodec:
     def encode(self, old: State | None, new: State) -> Payload:
         return self.encode_changes(old, new, with_sum=False)[0]
 
-    def encode_changes(self, old: State | None, new: State,
-                       with_sum: bool = True) -> tuple[Payload, Changes]:
+    def encode_changes(self, old: State | None, new: State, with_sum: bool = True,
+                       cast: torch.dtype | None = None) -> tuple[Payload, Changes]:
         """The payload, and its changes: the additive hash's movement (with_sum) and the
-        changed elements, so that the sender updates its hash and shadow in O(changes)."""
+        changed elements, so that the sender updates its hash and shadow in O(changes).
+        With `cast`, `new` holds the trainer's tensors (e.g. fp32 masters) and the target is
+        their cast to `cast`: each piece is cast and compared with `old` in one pass
+        (`cast_changes`); the whole cast is made only for a piece that "xor" or "raw" may
+        code (5% changed or more)."""
         if old is None:
             raise ValueError("delta needs a base state; send a full update first")
         if set(old) != set(new):
             raise ValueError("delta needs the same tensor names in base and target")
         for name in new:
-            if old[name].dtype != new[name].dtype or old[name].shape != new[name].shape:
+            dtype = new[name].dtype if cast is None else cast
+            if old[name].dtype != dtype or old[name].shape != new[name].shape:
                 raise ValueError(f"{name}: dtype or shape changed; send a full update")
-        runs = plan_pieces(new, self.threads)
+        runs = plan_pieces(old, self.threads)
         whole = len(runs) == 1
 
         def run(pieces):
             zc = zstandard.ZstdCompressor(level=self.level)
-            return [self._piece(name, old[name], new[name], start, stop, whole, zc, with_sum)
-                    for name, start, stop in pieces]
+            return [self._piece(name, old[name], new[name], start, stop, whole, zc, with_sum,
+                                cast) for name, start, stop in pieces]
 
         out, changes = _Builder(), Changes()
         for results in self._pool.map(run, runs):
             for name, method, bufs, n, params, span, pos, b_pos, s, times in results:
-                out.add(name, new[name], method, bufs, n, params, span)
+                out.add(name, old[name], method, bufs, n, params, span)
                 changes.sum += s
                 changes.add(times)
                 changes.n_changed += n
@@ -225,25 +254,42 @@ class DeltaCodec:
                     changes.pieces.append((name, span[0] if span else 0, pos, b_pos))
         return out.payload("delta"), changes
 
-    def _piece(self, name, o, t, start, stop, whole, zc, with_sum):
+    def _piece(self, name, o, t, start, stop, whole, zc, with_sum, cast=None):
         t0 = time.perf_counter()
-        a, b = bits(o), bits(t)
+        a = bits(o)
         span = () if whole or (start, stop) == (0, a.size) else (start, stop)
         numel = a.size
-        a, b = a[start:stop], b[start:stop]
-        pos, a_pos, b_pos = changes(a, b)
+        a = a[start:stop]
+        if cast is None:
+            b = bits(t)[start:stop]
+            pos, a_pos, b_pos = changes(a, b)
+        else:
+            b = None
+            pos, a_pos, b_pos = cast_changes(t.detach().reshape(-1)[start:stop], a, cast)
         t1 = time.perf_counter()
         if pos.size == 0:
             return name, "same", [], 0, (), span, pos, b_pos, lthash.zero(), \
                 {"extract": t1 - t0}
-        options = [("raw", [b], ())]
+        if b is None and pos.size >= XOR_MIN_DENSITY * a.size:
+            b = a.copy()  # the target piece, for "xor" and "raw"
+            b[pos] = b_pos
+        # raw is priced at a.size, its element count, as len() of the array priced it in
+        # the codec before this (a.nbytes would be its bytes; kept so choices do not move)
+        method, bufs, params, size = "raw", None, (), a.size
+        options = []
         if pos.size < 0.5 * a.size:
-            options.append(self._sparse(a, b, pos, a_pos, b_pos, t.dtype, zc))
+            options.append(self._sparse(a, b, pos, a_pos, b_pos, o.dtype, zc))
         if pos.size >= XOR_MIN_DENSITY * a.size:
             planes = (a ^ b).view(np.uint8).reshape(-1, a.itemsize).T.copy()
             options.append(("xor", [zc.compress(planes.data)], ()))
-        method, bufs, params = min(options, key=lambda o: sum(len(x) for x in o[1]))
+        for m, bs, ps in options:  # the first smallest, raw first (as min() over all)
+            n_bytes = sum(len(x) for x in bs)
+            if n_bytes < size:
+                method, bufs, params, size = m, bs, ps, n_bytes
         if method == "raw":
+            if b is None:
+                b = a.copy()
+                b[pos] = b_pos
             bufs = [b.copy()]  # the payload must not alias the caller's tensor
         t2 = time.perf_counter()
         s = lthash.change_sum(name, numel, pos + start, a_pos, b_pos) if with_sum \

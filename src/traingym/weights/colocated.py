@@ -2,12 +2,15 @@
 one process, over a real codec and transport (sync.py).
 
 `publish(trainer.export(), version)` after each optimizer step:
-1. the trainer's state is cast to the engine's dtype (`wire_state`: fp32 masters -> bf16 for the
-   default engine; a tied tensor such as `lm_head` = `embed_tokens` is sent once);
-2. the publisher encodes it (delta against the previous version, or full: first, on the
-   anchor budget, or when `auto` predicts full is faster) and sends it;
-3. the subscriber receives, checks the payload's and its own base hash, applies, checks the
-   target hash, and resyncs from the chain on any fault, until it holds `version`;
+1. the trainer's tensors are named as the engine's (`wire_views`: a tied tensor such as
+   `lm_head` = `embed_tokens` is sent once);
+2. the publisher casts them to the engine's dtype (fp32 masters -> bf16 for the default
+   engine) and encodes them: a delta against the previous version finds its changes in the
+   cast's own pass, chunk by chunk, without a cast copy of the model; a full update (first,
+   on the anchor budget, or when `auto` predicts full is faster) casts a copy; then sends it;
+3. the subscriber receives, checks the payload's body hash and base hash, applies, checks
+   the target hash (from the applied changes for a delta, sync.py), and resyncs from the
+   chain on any fault, until it holds `version`;
 4. only then the engine copies the verified tensors into its own model (`update_weights`).
 The engine's model is separate from the trainer's and is written only with verified weights.
 Memory beside the engine's copy, in engine-dtype copies of the model (269 MB for the 135M
@@ -45,9 +48,9 @@ def codec_choices() -> list[str]:
     return ["auto", *sorted(CODECS)]
 
 
-def wire_state(state: State, dtype: torch.dtype) -> State:
-    """The state as the engine holds it: detached, cast to `dtype`, contiguous, and each
-    aliased tensor (tied weights) once, under its first name in sorted order."""
+def wire_views(state: State) -> State:
+    """The state's tensors as the engine's names them, not cast: detached, contiguous, and
+    each aliased tensor (tied weights) once, under its first name in sorted order."""
     out, seen = {}, set()
     for name in sorted(state):
         t = state[name]
@@ -55,8 +58,13 @@ def wire_state(state: State, dtype: torch.dtype) -> State:
         if key in seen:
             continue
         seen.add(key)
-        out[name] = t.detach().to(dtype).contiguous()
+        out[name] = t.detach().contiguous()
     return out
+
+
+def wire_state(state: State, dtype: torch.dtype) -> State:
+    """The state as the engine holds it: `wire_views` cast to `dtype`."""
+    return {k: v.to(dtype).contiguous() for k, v in wire_views(state).items()}
 
 
 class ColocatedSync:
@@ -83,10 +91,10 @@ class ColocatedSync:
     def publish(self, state: State, version: int) -> PublishStats:
         """Send `version`; return once the engine serves it, verified (or raise)."""
         t0 = time.perf_counter()
-        wire = wire_state(state, self.dtype)
+        wire = wire_views(state)  # cast by the publisher, in the pass that finds the changes
         t1 = time.perf_counter()
         before = dataclasses.replace(self.subscriber.stats)
-        stats = self.publisher.publish(wire, version)
+        stats = self.publisher.publish(wire, version, cast=self.dtype)
         t2 = time.perf_counter()
         verified = self.subscriber.wait_for(version, self.cfg.timeout_s)
         t3 = time.perf_counter()

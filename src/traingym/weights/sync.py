@@ -43,6 +43,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 from traingym.observability import trace
 from traingym.weights.base import (CODECS, BaseMismatch, IntegrityError, Payload, PeerDead,
                                    Receiver, Sender, State, TransportTimeout)
@@ -103,7 +105,8 @@ class PublishStats:
     send_s: float
     reason: str
     phases: dict = dataclasses.field(default_factory=dict)
-    """Seconds of the encode's phases (extract, code, verify, shadow), summed over threads."""
+    """Seconds of a delta's encode phases (extract, code, verify: summed over threads; shadow:
+    the publisher's copy of the changed elements); empty for a full update."""
 
 
 class Publisher:
@@ -126,37 +129,52 @@ class Publisher:
         self._delta_s: float | None = None  # encode time of the last delta
         self._full_s: float | None = None  # encode time of the last full update
 
-    def _structure_changed(self, state: State) -> bool:
+    def _structure_changed(self, state: State, cast: torch.dtype | None) -> bool:
         s = self._shadow
         return s is None or set(s) != set(state) or any(
-            s[k].dtype != v.dtype or s[k].shape != v.shape for k, v in state.items())
+            s[k].dtype != (cast or v.dtype) or s[k].shape != v.shape for k, v in state.items())
 
-    def publish(self, state: State, version: int) -> PublishStats:
+    def publish(self, state: State, version: int,
+                cast: torch.dtype | None = None) -> PublishStats:
+        """Send `state` as `version`. With `cast`, `state` holds the trainer's tensors and
+        what is published is their cast to `cast` (what the engine holds): a delta then finds
+        its changes while casting (codecs.cast_changes), with no cast copy of the model, and
+        an anchor casts a copy."""
         if self.version is not None and version <= self.version:
             raise ValueError(f"version {version} is not after {self.version}")
-        full_bytes = sum(t.numel() * t.element_size() for t in state.values())
+        width = torch.empty(0, dtype=cast).element_size() if cast is not None else None
+        full_bytes = sum(t.numel() * (width or t.element_size()) for t in state.values())
         t0 = time.perf_counter()
         reason = "delta"
-        if self._structure_changed(state):
+        if self._structure_changed(state, cast):
             reason = "first" if self._shadow is None else "structure"
         elif self.cfg.codec == "full":
             reason = "codec=full"
         elif self.cfg.codec == "auto" and self._full_predicted_faster(full_bytes):
             reason = "auto:full-faster"
-        payload, changes, full_hash = None, None, ""
+        payload, changes, full_hash, wire, phases = None, None, "", None, {}
         if reason == "delta":
-            payload, changes = self.delta.encode_changes(self._shadow, state)
+            payload, changes = self.delta.encode_changes(self._shadow, state, cast=cast)
             self._delta_s = time.perf_counter() - t0
             if self._since_anchor + payload.nbytes > self.cfg.anchor_budget * full_bytes:
                 payload, reason = None, "anchor-budget"
         if payload is None:
-            payload = self.full.encode(None, state)
-            target_hash = state_hash(state)
+            wire = state if cast is None else {
+                k: v.detach().to(cast, copy=True).contiguous() for k, v in state.items()}
+            payload = self.full.encode(None, wire)
+            target_hash = state_hash(wire)
         else:
+            t1 = time.perf_counter()
+            for name, start, pos, new_bits in changes.pieces:  # O(changes), no tensor copy
+                bits(self._shadow[name])[start:][pos] = new_bits
+            self._sum = self._sum + changes.sum
+            self._since_anchor += payload.nbytes
+            self._deltas += 1
+            phases = {**changes.times, "shadow": time.perf_counter() - t1}
+            target_hash = lthash.identity(self._anchor_hash, self._sum)
             every = self.cfg.full_hash_every
-            target_hash = lthash.identity(self._anchor_hash, self._sum + changes.sum)
-            if every and (self._deltas + 1) % every == 0:
-                full_hash = state_hash(state)
+            if every and self._deltas % every == 0:
+                full_hash = state_hash(self._shadow)  # the shadow is the target now
         anchor = payload.is_anchor
         header = dataclasses.replace(
             payload.header, target_version=version, target_hash=target_hash,
@@ -168,15 +186,20 @@ class Publisher:
         if anchor:
             self._full_s = encode_s
         t1 = time.perf_counter()
-        with trace.span("transfer", cat="weights", bytes=payload.nbytes, version=version):
-            self.sender.send(payload)
+        try:
+            with trace.span("transfer", cat="weights", bytes=payload.nbytes, version=version):
+                self.sender.send(payload)
+        except BaseException:
+            self._shadow = None  # it may hold an unsent version: the next update is an anchor
+            raise
         send_s = time.perf_counter() - t1
         if payload.nbytes > 1 << 20:
             self._link_s_per_byte = send_s / payload.nbytes
-        t2 = time.perf_counter()
-        self._advance(state, payload, changes if not anchor else None, target_hash)
-        phases = dict(changes.times) if changes is not None and not anchor else {}
-        phases["shadow"] = time.perf_counter() - t2
+        if anchor:
+            self._shadow = wire if cast is not None else {
+                k: v.detach().clone() for k, v in wire.items()}
+            self._since_anchor, self._deltas = 0, 0
+            self._anchor_hash, self._sum = target_hash, lthash.zero()
         self.version, self.hash = version, target_hash
         changed = changes.n_changed if not anchor else -1
         return PublishStats(version, header.codec, payload.nbytes, full_bytes, changed,
@@ -185,18 +208,6 @@ class Publisher:
     def full_hash(self) -> str | None:
         """The xxh3 state hash of the last published version (a pass over the state)."""
         return None if self._shadow is None else state_hash(self._shadow)
-
-    def _advance(self, state: State, payload: Payload, changes, target_hash: str) -> None:
-        if changes is None:  # an anchor
-            self._shadow = {k: v.detach().clone() for k, v in state.items()}
-            self._since_anchor, self._deltas = 0, 0
-            self._anchor_hash, self._sum = target_hash, lthash.zero()
-            return
-        self._since_anchor += payload.nbytes
-        self._deltas += 1
-        self._sum = self._sum + changes.sum
-        for name, start, pos, new_bits in changes.pieces:  # O(changes), not a tensor copy
-            bits(self._shadow[name])[start:][pos] = new_bits
 
     def _full_predicted_faster(self, full_bytes: int) -> bool:
         if self._link_s_per_byte is None or self._delta_s is None:
