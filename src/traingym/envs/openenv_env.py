@@ -235,9 +235,11 @@ class OpenEnvEnv(MultiTurnEnv):
             await self.ws.send(json.dumps(message))
             raw = await asyncio.wait_for(self.ws.recv(), self.maker.step_timeout_s)
         except ws_mod.exceptions.ConnectionClosed as e:
-            await asyncio.sleep(0.2)  # a dying server: let its exit code show
-            raise OpenEnvError(f"{self._where()}: the server closed the session during "
-                               f"{message['type']} ({e}){self.server.describe()}") from None
+            raw = await self._last_words()  # a refusal (no free session) comes, then the close
+            if raw is None:
+                await asyncio.sleep(0.2)  # a dying server: let its exit code show
+                raise OpenEnvError(f"{self._where()}: the server closed the session during "
+                                   f"{message['type']} ({e}){self.server.describe()}") from None
         except asyncio.TimeoutError:
             raise OpenEnvError(f"{self._where()}: no answer to {message['type']} within "
                                f"{self.maker.step_timeout_s:.0f} s{self.server.describe()}") \
@@ -259,6 +261,14 @@ class OpenEnvEnv(MultiTurnEnv):
             raise OpenEnvError(f"{self._where()}: unexpected answer to {message['type']}: "
                                f"{str(reply)[:200]}")
         return reply["data"]
+
+    async def _last_words(self):
+        """A message the server sent before it closed the session, if any."""
+        ws_mod = _websockets()
+        try:
+            return await asyncio.wait_for(self.ws.recv(), 0.5)
+        except (ws_mod.exceptions.ConnectionClosed, asyncio.TimeoutError):
+            return None  # closed with nothing buffered
 
     def _action_field(self) -> str:
         if self.maker.action_field:
