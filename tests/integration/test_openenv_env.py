@@ -93,31 +93,53 @@ def test_openenv_echo_trains_and_evaluates(echo_url, tmp_path):
     assert {r["example"]["seed"] for r in res.records} == {8, 9, 10, 11}
 
 
+ONE_SESSION = '''
+from openenv.core.env_server.http_server import create_app
+from echo_env.models import EchoAction, EchoObservation
+from echo_env.server.echo_env_environment import EchoEnvironment
+
+app = create_app(EchoEnvironment, EchoAction, EchoObservation, env_name="echo_one",
+                 max_concurrent_envs=1)
+'''
+
+
 def test_adapter_starts_maps_and_stops_a_server(echo_env):
-    """'module:app': the adapter starts the server, maps reset/step, and the run's resources
-    stop it when they close."""
-    from traingym.envs.openenv_env import OpenEnvMaker
+    """'module:app': the adapter starts the server, maps reset/step, names a refused session
+    (no free one) with the fix, frees the session of an episode the runner stopped (max_turns:
+    never done) so that the next episode gets the server's only session, and the run's
+    resources stop the server when they close."""
+    from traingym.envs.openenv_env import OpenEnvError, OpenEnvMaker
     from traingym.envs.render import PromptRenderer
     from traingym.envs.resources import RunResources
     from traingym.models.loader import tiny_tokenizer
     from traingym.types import Completion
 
+    (echo_env / "echo_one.py").write_text(ONE_SESSION)
     tok = tiny_tokenizer()
-    maker = OpenEnvMaker(APP, app_dir=str(echo_env))
-    env = maker({"prompt": "", "seed": 1}, PromptRenderer(tok, ""))
+    maker = OpenEnvMaker("echo_one:app", app_dir=str(echo_env))
 
     def turn(context, text):
         ids = list(tok(text, add_special_tokens=False)["input_ids"])
         return Completion(tuple(context), ids, [0.0] * len(ids), "length", 0)
 
+    async def episode(seed):
+        env = maker({"prompt": "", "seed": seed}, PromptRenderer(tok, ""))
+        obs = await env.reset()
+        assert "Echo Env environment ready!" in obs.text
+        r1 = await env.step(turn(obs.prompt_ids, "hello"))
+        assert not r1.done and r1.reward == pytest.approx(0.5)  # len('hello') * 0.1
+        assert "hello" in r1.next_observation.text
+        if seed == 1:  # while this episode holds the server's only session
+            other = maker({"prompt": "", "seed": 9}, PromptRenderer(tok, ""))
+            with pytest.raises(OpenEnvError, match="CAPACITY_REACHED.*max_concurrent_envs"):
+                await other.reset()
+        return env.server.proc.pid  # the env is dropped here, its episode unfinished
+
     async def play():
         async with RunResources():
-            obs = await env.reset()
-            assert "Echo Env environment ready!" in obs.text
-            r1 = await env.step(turn(obs.prompt_ids, "hello"))
-            assert not r1.done and r1.reward == pytest.approx(0.5)  # len('hello') * 0.1
-            assert "hello" in r1.next_observation.text
-            pid = env.server.proc.pid
+            pid = await episode(1)
+            await asyncio.sleep(0.5)  # the dropped env's session closes on the loop
+            assert await episode(2) == pid  # one server; its one session was free again
         return pid
 
     pid = asyncio.run(play())
