@@ -251,7 +251,8 @@ async def run_task(task: HarborTask, answer: str, as_script: bool) -> Verdict:
         r = await sandbox.exec(["env", *env, "bash", "-c", PREPARE + 'exec bash -c "$1" '
                                 "/tests/test.sh", "verifier", task.test_script],
                                files=files, limits=task.verifier_limits)
-        tail = (r.stdout + r.stderr).decode("utf-8", "replace").strip().splitlines()[-5:]
+        tail = [line[:200] for line in
+                (r.stdout + r.stderr).decode("utf-8", "replace").strip().splitlines()[-5:]]
         if r.killed_reason is not None or r.signal is not None:
             return Verdict(0.0, "killed", r.exit_code, details + [
                 f"test.sh killed: {r.killed_reason or f'signal {r.signal}'}", *tail])
