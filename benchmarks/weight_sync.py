@@ -413,6 +413,9 @@ def main() -> None:
     ap.add_argument("--tilings", default="1,4,16", help="scaling: copies of the state")
     ap.add_argument("--threads", type=int, default=1,
                     help="scaling: threads (shards) of the codec and the subscriber")
+    ap.add_argument("--cast", default="",
+                    help="scaling: also time the sender from fp32 masters: 'first' (cast, "
+                         "then compare), 'fused' (compare while casting), or 'first,fused'")
     ap.add_argument("--out", default="/tmp/weight_sync_results.json")
     ap.add_argument("--receive", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -455,7 +458,8 @@ def main() -> None:
         print(f"per-phase times on step {mid} (density {densities[mid - 1]:.4f}), tiled "
               f"{args.tilings}, {args.threads} thread(s)", flush=True)
         tilings = [int(k) for k in args.tilings.split(",")]
-        res["scaling"] = section_scaling(old, new, tilings, args.repeat, args.threads)
+        modes = [c for c in args.cast.split(",") if c]
+        res["scaling"] = section_scaling(old, new, tilings, args.repeat, args.threads, modes)
     res["load_after"] = os.getloadavg()
     Path(args.out).write_text(json.dumps(res, indent=1))
     print(f"wrote {args.out}")

@@ -10,6 +10,10 @@ scaling: one real step of the model (old -> new bf16 states, the step closest to
 is tiled k times (tensor "i.name" is copy i) for each k in --tilings, in two series:
   same_density: every copy takes the step's change (changes grow with k, density stays);
   same_changes: only copy 0 changes (the changes stay, the model grows k times).
+With --cast first,fused (same density) the sender starts from fp32 masters (the bf16 values
+widened) as a trainer does: "first" casts a bf16 copy (timed as cast) and then finds the
+changes; "fused" lets the publisher find them in the cast's own pass (Publisher.publish's
+`cast`). Masters cost 2 x the bf16 state more memory: leave them out at 16x on 24 GB.
 A Publisher sends an anchor, then deltas that alternate old <-> new (each the same change),
 to a Subscriber through an in-memory pipe that serialises each frame (`to_bytes`, a copy,
 as a socket write would) and parses it on the other side (`from_buffer`, no copy); the
@@ -69,19 +73,24 @@ class Pipe:
         pass
 
 
-def _flip(big: dict, diff: dict, copies: range, to_new: bool) -> None:
-    """Write the step's change into each copy in `copies` (or undo it)."""
+def _flip(big: dict, diff: dict, copies: range, to_new: bool, masters: dict | None) -> None:
+    """Write the step's change into each copy in `copies` (or undo it); into the fp32
+    masters too (as the bf16 values widened), when there are masters."""
     for name, (pos, a_pos, b_pos) in diff.items():
         vals = b_pos if to_new else a_pos
         for i in copies:
             bits(big[f"{i}.{name}"])[pos] = vals
+            if masters is not None:
+                t = big[f"{i}.{name}"].reshape(-1)
+                masters[f"{i}.{name}"].reshape(-1)[pos] = t[pos].float()
 
 
 def _median(rows: list[dict]) -> dict:
     return {k: statistics.median(r.get(k, 0.0) for r in rows) for k in rows[0]}
 
 
-def run_tiling(old, new, copies: int, series: str, repeat: int, threads: int) -> dict:
+def run_tiling(old, new, copies: int, series: str, repeat: int, threads: int,
+               cast_mode: str = "none") -> dict:
     diff = {}
     for name in old:
         pos, a_pos, b_pos = changes(bits(old[name]), bits(new[name]))
@@ -89,6 +98,8 @@ def run_tiling(old, new, copies: int, series: str, repeat: int, threads: int) ->
             diff[name] = (pos, a_pos, b_pos)
     big = {f"{i}.{k}": v.clone() for i in range(copies) for k, v in old.items()}
     model_bytes = sum(t.numel() * t.element_size() for t in big.values())
+    masters = {k: v.float() for k, v in big.items()} if cast_mode != "none" else None
+    cast = next(iter(big.values())).dtype
     pipe = Pipe()
     pub = Publisher(pipe, PublisherConfig(codec="delta", anchor_budget=1e9, full_hash_every=0,
                                           threads=threads))
@@ -106,16 +117,25 @@ def run_tiling(old, new, copies: int, series: str, repeat: int, threads: int) ->
     which = range(copies) if series == "same_density" else range(1)
     rows = []
     for v in range(1, repeat + 1):
-        _flip(big, diff, which, to_new=v % 2 == 1)
+        _flip(big, diff, which, v % 2 == 1, masters)
         t0 = time.perf_counter()
-        stats = pub.publish(big, v)
+        cast_s = 0.0
+        if cast_mode == "fused":  # the publisher casts the masters, finding changes as it goes
+            stats = pub.publish(masters, v, cast=cast)
+        elif cast_mode == "first":  # the loop before: cast a copy, then find the changes
+            wire = {k: m.to(cast) for k, m in masters.items()}
+            cast_s = time.perf_counter() - t0
+            stats = pub.publish(wire, v)
+            del wire
+        else:  # bf16 states given: no cast timed
+            stats = pub.publish(big, v)
         t1 = time.perf_counter()
         assert sub.poll(0) and sub.hash == pub.hash, "the receiver did not verify the delta"
         t2 = time.perf_counter()
         ph, rp = stats.phases, sub.phases
         rows.append({
             "changed": stats.changed, "bytes": stats.payload_bytes,
-            "sender_wall_s": t1 - t0,
+            "sender_wall_s": t1 - t0, "sender_cast_s": cast_s,
             "sender_extract_s": ph.get("extract", 0.0), "sender_code_s": ph.get("code", 0.0),
             "sender_verify_s": ph.get("verify", 0.0),
             "sender_seal_s": max(0.0, stats.encode_s - sum(ph.get(k, 0.0) for k in
@@ -131,21 +151,23 @@ def run_tiling(old, new, copies: int, series: str, repeat: int, threads: int) ->
     med["ns_per_changed"] = {side: 1e9 * med[f"{side}_wall_s"] / max(med["changed"], 1)
                              for side in ("sender", "receiver")}
     return {"copies": copies, "series": series, "model_bytes": model_bytes,
-            "density": med["changed"] / (model_bytes / 2), "threads": threads,
+            "density": med["changed"] / (model_bytes / 2), "threads": threads, "cast": cast_mode,
             "full_send": full, "full_hash_s": full_hash_s, "median": med, "steps": rows}
 
 
-def section_scaling(old, new, tilings: list[int], repeat: int, threads: int) -> dict:
+def section_scaling(old, new, tilings: list[int], repeat: int, threads: int,
+                    cast_modes: list[str]) -> dict:
     out = []
-    for series in ("same_density", "same_changes"):
+    for series, mode in [("same_density", "none"), ("same_changes", "none"),
+                         *(("same_density", c) for c in cast_modes if c != "none")]:
         for k in tilings:
             if series == "same_changes" and k == 1:
                 continue  # the same run as same_density at 1x
-            r = run_tiling(old, new, k, series, repeat, threads)
+            r = run_tiling(old, new, k, series, repeat, threads, mode)
             m = r["median"]
-            print(f"  {series:12s} {k:2d}x  {r['model_bytes'] / 1e9:6.2f} GB  changed "
+            print(f"  {series:12s} cast={mode:5s} {k:2d}x  {r['model_bytes'] / 1e9:6.2f} GB  changed "
                   f"{int(m['changed']):>9d} ({r['density']:.4f})  sender {m['sender_wall_s']:.3f}s"
-                  f" [extract {m['sender_extract_s']:.3f} code {m['sender_code_s']:.3f} verify "
+                  f" [cast {m['sender_cast_s']:.3f} extract {m['sender_extract_s']:.3f} code {m['sender_code_s']:.3f} verify "
                   f"{m['sender_verify_s']:.3f} seal {m['sender_seal_s']:.3f} transfer "
                   f"{m['sender_transfer_s']:.3f} apply {m['sender_apply_s']:.3f}]  receiver "
                   f"{m['receiver_wall_s']:.3f}s [transfer {m['receiver_transfer_s']:.3f} decode "
