@@ -6,7 +6,7 @@ in `Config`; `trainer.gradient_checkpointing` and `trainer.micro_batch_tokens` l
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -48,7 +48,18 @@ class DistillConfig(_Strict):
 
     teacher: str | None = Field(None, description="the teacher: 'tiny', 'embedded' or a local "
                                 "HF folder, or a run's checkpoint folder (step_NNNNNN, its "
-                                "model.safetensors loaded over model.path); None: off")
+                                "model.safetensors loaded over model.path); with "
+                                "teacher_engine='openai' (an engine that takes no weights), "
+                                "the server's URL; None: off")
+    teacher_engine: str | None = Field(None, description="serve the teacher through the engine "
+                                       "seam (rollout/registry.py): 'torch', 'vllm', 'openai' "
+                                       "or 'module:Class', an engine that scores given tokens "
+                                       "(abilities.scores_tokens); None: a second local model "
+                                       "in the trainer process")
+    teacher_engine_options: dict[str, Any] = Field(
+        default_factory=dict, description="the teacher engine's options (as "
+        "rollout.engine_options), e.g. vllm: {max_model_len = 2048}; openai: {model = ...}, its "
+        "base_url is distill.teacher")
     coef: float = Field(1.0, ge=0, description="weight of the per-token reverse-KL advantage "
                         "(teacher logp - student logp)")
     reward_coef: float = Field(0.0, ge=0, description="weight of the task's group advantage "
@@ -59,7 +70,54 @@ class DistillConfig(_Strict):
         if self.teacher is not None and self.coef == 0 and self.reward_coef == 0:
             raise ValueError("distill.coef and distill.reward_coef are both 0: nothing to "
                              "learn from; set distill.coef > 0")
+        if self.teacher_engine is not None and self.teacher is not None:
+            teacher_options(self.teacher_engine, self.teacher, self.teacher_engine_options)
         return self
+
+
+def teacher_options(name: str, teacher: str | None, raw: dict[str, Any]) -> dict[str, Any]:
+    """distill.teacher_engine's options, checked (the engine exists, scores given tokens, its
+    options are valid); an engine that takes no weights gets distill.teacher as its base_url."""
+    from traingym.rollout import registry
+
+    try:
+        cls = registry.get(name)
+    except registry.UnknownEngine as e:
+        raise ValueError(str(e).replace("rollout.engine", "distill.teacher_engine")) from None
+    if not cls.abilities.scores_tokens:
+        raise ValueError(f"distill.teacher_engine={name!r} cannot score given tokens (its "
+                         "abilities.scores_tokens is False): a teacher must; use "
+                         f"{registry._able('scores_tokens')}")
+    if not cls.abilities.takes_weights:  # it serves its own model: distill.teacher locates it
+        if "base_url" not in cls.Options.model_fields:
+            raise ValueError(f"distill.teacher_engine={name!r} takes no weights and has no "
+                             "base_url option for distill.teacher to fill: not covered")
+        if "base_url" in raw:
+            raise ValueError("distill.teacher is the teacher server's URL: set it there, not "
+                             "in distill.teacher_engine_options.base_url")
+        raw = {**raw, "base_url": teacher}
+    try:
+        registry.options(name, raw)
+    except ValueError as e:
+        msg = str(e).replace("rollout.engine_options", "distill.teacher_engine_options")
+        if not cls.abilities.takes_weights and "'base_url'" in msg:
+            msg = f"distill.teacher={teacher!r} is not a server URL ({msg})"
+        raise ValueError(msg) from None
+    return raw
+
+
+def check_teacher_temperature(cfg) -> None:
+    """A teacher engine that scores only at T = 1 refuses a run sampling at another T."""
+    from traingym.rollout import registry
+
+    name, t = cfg.distill.teacher_engine, cfg.rollout.temperature
+    if name is None or cfg.distill.teacher is None or t in (0.0, 1.0):
+        return
+    if not registry.get(name).abilities.scores_at_any_temperature:
+        raise ValueError(f"distill.teacher_engine={name!r} scores only at temperature 1, but "
+                         f"rollout.temperature={t:g}: the teacher's log-probs would be of "
+                         "softmax(logits), not softmax(logits / T); set rollout.temperature = "
+                         f"1 or use {registry._able('scores_at_any_temperature')}")
 
 
 def check_extras(cfg) -> None:
@@ -82,7 +140,10 @@ def check_extras(cfg) -> None:
     if cfg.sft.data is not None and cfg.mode != "sync":
         raise ValueError("an sft phase runs only with mode='sync'")
     if cfg.distill.teacher is None and cfg.distill.model_fields_set - {"teacher"}:
-        raise ValueError("distill.coef and reward_coef apply only with distill.teacher")
+        raise ValueError("distill.coef, reward_coef, teacher_engine and teacher_engine_options "
+                         "apply only with distill.teacher (the teacher's model or checkpoint, "
+                         "or its server's URL)")
+    check_teacher_temperature(cfg)
     if cfg.distill.teacher is not None and (t.data_parallel > 1 or cfg.mode != "sync"):
         raise ValueError("distill.teacher runs with mode='sync' and trainer.data_parallel = 1 "
                          "(distillation with engine processes or ranks is not covered)")
