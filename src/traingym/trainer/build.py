@@ -23,11 +23,14 @@ def build_trainer(cfg: Config, model, pad_token_id: int):
 
         cls, extra = LoraTrainer, {"lora": cfg.lora}
     if cfg.distill.teacher is not None:  # on-policy distillation (algorithms/distill.py)
-        from traingym.algorithms.distill import DistillTrainer, load_teacher
+        from traingym.algorithms.distill import (DistillTrainer, build_teacher_engine,
+                                                 load_teacher)
 
-        cls, extra = DistillTrainer, {
-            "teacher": load_teacher(cfg.distill.teacher, cfg.model.path, cfg.seed),
-            "coef": cfg.distill.coef, "reward_coef": cfg.distill.reward_coef}
+        d = cfg.distill
+        teacher = (build_teacher_engine(cfg, model.config.vocab_size) if d.teacher_engine
+                   else load_teacher(d.teacher, cfg.model.path, cfg.seed))
+        cls, extra = DistillTrainer, {"teacher": teacher, "coef": d.coef,
+                                      "reward_coef": d.reward_coef}
     return cls(model, cfg.trainer, cfg.rollout.temperature, pad_token_id,
                         importance=ImportanceSpec.from_config(cfg),
                         algorithm=registry.build(cfg), **extra)
