@@ -116,3 +116,38 @@ def test_sessions_keep_files_between_steps(backend):
             await pool.close()
 
     asyncio.run(main())
+
+
+def test_snapshot_counts_live_and_busy_sandbox_seconds(tmp_path):
+    """The sizing state each sandbox_acquire span carries: one sandbox live for ~0.6 s, held
+    for ~0.3 s of it, is ~50% utilised; closing the pool leaves none live."""
+    from prereq import require_sandbox
+
+    from traingym.observability import trace
+
+    require_sandbox("process", SMALL)
+
+    async def main():
+        pool = SandboxPool(factory("process"), min_ready=1, max_size=1)
+        try:
+            await pool.warm(1)
+            async with pool.session():
+                await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)
+            return pool.snapshot(), pool.stats(), pool
+        finally:
+            await pool.close()
+
+    trace.start(tmp_path / "trace", "engine-0")
+    try:
+        snap, stats, pool = asyncio.run(main())
+    finally:
+        trace.stop()
+    assert snap["live"] == 1 and snap["acquired"] == 1 and snap["max_size"] == 1
+    assert 0.3 <= snap["busy_s"] < 0.45
+    assert snap["live_s"] >= 0.6
+    assert 0.25 < stats["utilisation_mean"] < 0.75
+    assert pool.live == 0
+    (span,) = [e for e in trace.collect(tmp_path)["traceEvents"] if e["name"] == "sandbox_acquire"]
+    assert span["args"]["live"] == 1 and span["args"]["in_use"] == 1
+    assert {"target_busy", "target_buffer", "rate_per_s", "hold_s", "ready_s"} <= set(span["args"])

@@ -214,7 +214,8 @@ def _slice(end, k):
     if end == "first":
         return (f"first_{k}_chars", "(s: str) -> str", f"returns the first {k} characters of s",
                 f"s[:{k}]")
-    return f"last_{k}_chars", "(s: str) -> str", f"returns the last {k} characters of s", f"s[-{k}:]"
+    return (f"last_{k}_chars", "(s: str) -> str", f"returns the last {k} characters of s",
+            f"s[-{k}:]")
 
 
 def _repeat(k):

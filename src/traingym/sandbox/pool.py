@@ -105,6 +105,9 @@ class SandboxPool:
         self.tasks: set[asyncio.Task] = set()
         self.busy_time = 0.0
         self.t_open = time.monotonic()
+        self.live = 0  # started and not yet closed: ready, in use or resetting
+        self.live_time = 0.0  # integral of `live` over time (sandbox-seconds paid for)
+        self.t_live = self.t_open
 
     # -- public -------------------------------------------------------------------------
 
@@ -157,8 +160,11 @@ class SandboxPool:
 
     @asynccontextmanager
     async def session(self):
-        with trace.span("sandbox_acquire", cat="wait"):  # the queue wait (utilisation.py)
+        # the queue wait (utilisation.py), with the pool's state once a sandbox is had
+        with trace.span("sandbox_acquire", cat="wait") as span:
             sandbox = await self.acquire()
+            if hasattr(span, "args"):  # tracing is on
+                span.args.update(self.snapshot())
         try:
             yield sandbox
         finally:
@@ -185,6 +191,20 @@ class SandboxPool:
                 raise self.start_error
             await asyncio.sleep(0.01)
 
+    def snapshot(self) -> dict:
+        """The sizing state, as recorded in each sandbox_acquire trace span: sandboxes live
+        and in use, the Little's-law target (busy = rate x hold_s, buffer) and its inputs,
+        and running totals (acquisitions, busy and live sandbox-seconds) whose differences
+        over a window give its rate and utilisation."""
+        busy, buffer = self.target()
+        self._account_live()
+        return {"live": self.live, "in_use": len(self.in_use), "ready": len(self.ready),
+                "waiting": len(self.waiters), "target_busy": busy, "target_buffer": buffer,
+                "rate_per_s": round(self.rate.value(), 4), "hold_s": round(self.hold_s.value, 5),
+                "ready_s": round(self.ready_s.value, 5), "acquired": self.counts["acquired"],
+                "started": self.counts["started"], "busy_s": round(self.busy_time, 5),
+                "live_s": round(self.live_time, 5), "max_size": self.max_size}
+
     def stats(self) -> dict:
         waits = sorted(self.waits)
         busy, buffer = self.target()
@@ -203,6 +223,7 @@ class SandboxPool:
             "acquire_wait_mean_s": sum(waits) / len(waits) if waits else None,
             "utilisation_now": len(self.in_use) / live if live else 0.0,
             "busy_sandbox_seconds_per_second": self.busy_time / elapsed,
+            "utilisation_mean": self.busy_time / self._account_live() if self.live_time else 0.0,
             "rate_per_s": self.rate.value(),
             "hold_s": self.hold_s.value,
             "ready_s": self.ready_s.value,
@@ -220,8 +241,16 @@ class SandboxPool:
         for sandbox in list(self.in_use):
             await sandbox.close()
         self.in_use.clear()
+        self._account_live(-self.live)
 
     # -- internals ----------------------------------------------------------------------
+
+    def _account_live(self, change: int = 0) -> float:
+        """Add the sandbox-seconds since the last change, then change `live`; the total."""
+        now = time.monotonic()
+        self.live_time += self.live * (now - self.t_live)
+        self.t_live, self.live = now, self.live + change
+        return self.live_time
 
     def _take_ready(self):
         while self.ready:
@@ -285,6 +314,7 @@ class SandboxPool:
         if self.closed:
             await sandbox.close()
             return
+        self._account_live(+1)
         self._offer(sandbox)
         self._replenish(need=len(self.waiters))
 
@@ -307,4 +337,5 @@ class SandboxPool:
 
     async def _discard(self, sandbox) -> None:
         self.uses.pop(sandbox, None)
+        self._account_live(-1)
         await sandbox.close()
