@@ -2,7 +2,8 @@
 
 The student (the policy) samples as in RL; the teacher, a second local model or an engine of
 the engine seam, computes the log-prob of every sampled token under softmax(logits / T) at the
-rollout temperature T (T = 0: softmax(logits)), as the trainer does for the student. Each policy token t then gets the advantage
+rollout temperature T (T = 0: softmax(logits)), as the trainer does for the student. Each
+policy token t then gets the advantage
 
     A_t = coef * (log p_teacher(y_t) - log p_student(y_t)) + reward_coef * A_group,
 
