@@ -3,7 +3,9 @@
 Log-probs are the engine's (rollout/base.py): under softmax(logits / T) before any top-k /
 top-p cut, raw softmax(logits) when greedy; `top_logprobs` are the k most likely tokens of
 that same distribution. The end-of-turn token is not listed (its text is empty) but is
-counted in usage.completion_tokens.
+counted in usage.completion_tokens. A token that is part of a character (a byte piece) is
+written `bytes:\\xNN` as OpenAI writes it, and `bytes` holds its raw bytes
+(models/token_strings.py), so a client can map every token back to its id.
 
 The chunks here are those of a finished completion: streams from engines without step
 decoding (the engine seam returns whole completions) and chat streams with tools. The built-in
@@ -17,6 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from traingym.models.token_strings import token_str, token_utf8
 from traingym.serve import text as T
 
 
@@ -58,8 +61,7 @@ def usage(prompt_tokens: int, choices: list[Choice]) -> dict:
 
 
 def _entry(tok, i: int, lp: float) -> dict:
-    s = tok.decode([i], skip_special_tokens=False)
-    return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+    return {"token": token_str(tok, i), "logprob": lp, "bytes": token_utf8(tok, i)}
 
 
 def chat_logprobs(tok, c: Choice, lo: int = 0, hi: int | None = None) -> dict:
@@ -74,8 +76,8 @@ def chat_logprobs(tok, c: Choice, lo: int = 0, hi: int | None = None) -> dict:
 def completion_logprobs(tok, c: Choice, lo: int = 0, hi: int | None = None,
                         offset: int = 0) -> dict:
     hi = len(c.ids) if hi is None else hi
-    toks = [tok.decode([i], skip_special_tokens=False) for i in c.ids[lo:hi]]
-    tops = [{tok.decode([t], skip_special_tokens=False): lp for t, lp in c.tops[j]}
+    toks = [token_str(tok, i) for i in c.ids[lo:hi]]
+    tops = [{token_str(tok, t): lp for t, lp in c.tops[j]}
             if c.tops else {} for j in range(lo, hi)]
     offsets, pos = [], offset
     for p in c.pieces[lo:hi]:
