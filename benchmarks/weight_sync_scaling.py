@@ -25,10 +25,12 @@ periodic full hash is off (full_hash_every=0; `full_hash_s` is what one costs). 
             including the old values' gather), apply (the writes), verify (the additive
             hash's movement and the chain hash compare).
 With --threads > 1 the per-phase figures are summed over threads (CPU seconds); `wall` is
-each side's elapsed time. Medians over --repeat deltas. Each tiling also records a full
-(anchor) send for comparison: encode (copy) + state hash, and the receiver's copy + hash.
+each side's elapsed time. Medians over --repeat deltas. Each tiling also records its first
+(anchor) send: encode (a copy) + xxh3 on the sender, the receiver's copy into fresh tensors +
+xxh3, handed over in memory (not serialised, unlike the deltas).
 Memory: the tiled state, the publisher's shadow and the subscriber's copy (3 x k x 269 MB
-for the embedded model; 16x needs about 13 GB, and 4 more GB briefly for the first anchor).
+for the embedded model: 16x needs about 13 GB, and about 4 GB more while the first anchor's
+payload is alive; the machine must have about 18 GB free).
 lthash: ns per element of the additive hash (lthash.element_sum) at several batch sizes, and
 for reference one BLAKE2b call and one LtHash16-sized SHAKE-128 expansion (2 KB) per element
 from Python, and xxh3 over a bf16 state per element.
@@ -44,7 +46,7 @@ from collections import deque
 import numpy as np
 
 from traingym.weights import lthash
-from traingym.weights.base import PeerDead, TransportTimeout
+from traingym.weights.base import Payload, PeerDead, TransportTimeout
 from traingym.weights.codecs import changes
 from traingym.weights.frame import from_buffer, to_bytes
 from traingym.weights.hashing import bits, state_hash
@@ -52,19 +54,21 @@ from traingym.weights.sync import Publisher, PublisherConfig, Subscriber, Subscr
 
 
 class Pipe:
-    """Sender and receiver in one: frames go through bytes, as over a socket, without one.
-    Keeps no chain (a benchmark never resyncs; a fault raises)."""
+    """Sender and receiver in one: delta frames go through bytes, as over a socket, without
+    one; anchors are handed over as objects (a serialised copy of a 16x state would not fit
+    beside the others in 24 GB). Keeps no chain (a benchmark never resyncs; a fault raises)."""
 
     def __init__(self) -> None:
-        self.frames: deque[bytes] = deque()
+        self.frames: deque = deque()
 
     def send(self, payload) -> None:
-        self.frames.append(to_bytes(payload))
+        self.frames.append(payload if payload.is_anchor else to_bytes(payload))
 
     def receive(self, timeout: float):
         if not self.frames:
             raise TransportTimeout("nothing sent")
-        return from_buffer(self.frames.popleft())
+        frame = self.frames.popleft()
+        return frame if isinstance(frame, Payload) else from_buffer(frame)
 
     def resync(self, have_hash) -> None:
         raise PeerDead("the benchmark's pipe cannot resync: an update failed verification")
