@@ -7,7 +7,8 @@ import pytest
 from traingym.models.loader import tiny_tokenizer
 from traingym.serve.text import TextStream, finish
 
-TEXTS = ["What is 2 + 3? The answer is 5.", "café 日本語 😀 ok", "a😀b 12 + 1 = 13", "ééé"]
+TEXTS = ["What is 2 + 3? The answer is 5.", "café 日本語 😀 ok", "a😀b 12 + 1 = 13",
+         "ééé"]
 STOPS = [[], ["answer"], ["5."], ["日本"], ["😀"], [" = ", "zz"], ["What"], ["é"], ["3 + 1"]]
 
 
@@ -54,7 +55,7 @@ def test_stream_equals_finish(tok, text, stops, eos):
 def test_multibyte_characters_wait_for_their_bytes_and_text_streams_early(tok):
     ids = tok("日本語 and more words here", add_special_tokens=False)["input_ids"]
     assert len(ids) > len("日本語 and more words here".encode()) // 4  # byte pieces
-    s, pieces, _ = stream(tok, ids, [], "length")
+    _, pieces, _ = stream(tok, ids, [], "length")
     nonempty = [p for p in pieces if p]
     assert len(nonempty) > 3  # sent as it comes, not at the end
     assert nonempty[0] in ("日", "日本", "日本語")

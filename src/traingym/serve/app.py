@@ -6,7 +6,8 @@ model name, unsupported options, n, prompt length, max_tokens and the model's co
 concurrency limit. An error inside the engine is a 500 for that request only (batching.py,
 continuous.py; mid-stream: an `error` event); the server keeps serving. The scheduler is
 continuous batching with token-by-token streams where the engine declares
-`abilities.step_decoding` (continuous.py, live.py), else dynamic batching (batching.py). Unknown routes and methods get the same error shape.
+`abilities.step_decoding` (continuous.py, live.py), else dynamic batching (batching.py).
+Unknown routes and methods get the same error shape.
 """
 
 
@@ -19,8 +20,8 @@ from contextlib import asynccontextmanager
 from traingym.serve import responses as R
 from traingym.serve.batching import Batcher
 from traingym.serve.continuous import ContinuousBatcher
-from traingym.serve.live import live_sse
 from traingym.serve.limits import ApiError, Guard, Limits, error_response
+from traingym.serve.live import live_sse
 from traingym.serve.protocol import ChatRequest, CompletionRequest
 from traingym.serve.text import render_chat
 from traingym.types import GenerationRequest, SamplingParams

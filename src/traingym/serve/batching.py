@@ -39,7 +39,8 @@ class Batcher:
         self.wake = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.closing = False
-        self.stats = {"mode": "dynamic", "engine_calls": 0, "requests": 0, "max_requests_per_call": 0,
+        self.stats = {"mode": "dynamic", "engine_calls": 0, "requests": 0,
+                      "max_requests_per_call": 0,
                       "engine_seconds": 0.0, "failed_calls": 0}
 
     def start(self) -> None:

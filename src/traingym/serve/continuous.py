@@ -2,8 +2,10 @@
 fused path): requests join the running batch between decode steps and leave when they finish.
 
 One task runs the loop: retire the rows of requests that went away, admit what is waiting
-(arrival order, while the decoder has free rows; a request with more samples than free rows
-waits for rows to free, or runs alone when none are live), then one decode step for all live
+(arrival order, while the decoder has free rows and the left-padded prompts stay within
+PREFILL_TOKENS, so a burst of long prompts is prefilled over several ticks instead of stalling
+the live rows at once; a request that does not fit waits, or runs alone when none are live),
+then one decode step for all live
 rows (rollout/continuous.py StepDecoder; admit + step run in a worker thread, so the event
 loop keeps serving). Each token goes to its request as it is made: `open(..., on_event=...)`
 gets (sample index, new text, released token indices, finish_reason or None) per token,
@@ -19,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from traingym.serve.text import TextStream
 from traingym.types import Completion, GenerationRequest
+
+PREFILL_TOKENS = 8192  # padded prompt tokens prefilled in one tick (one prompt at least)
 
 
 @dataclass
@@ -97,11 +101,16 @@ class ContinuousBatcher:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
-            admit, free = [], self.decoder.free()
-            while self.waiting and (self.waiting[0].request.n <= free or
-                                    not self.by_row and not admit):
+            admit, free, width = [], self.decoder.free(), 0
+            while self.waiting:
+                r = self.waiting[0].request
+                alone = not admit and not self.by_row
+                fits = r.n <= free and (not admit or PREFILL_TOKENS >= (len(admit) + 1)
+                                        * max(width, len(r.prompt_ids)))
+                if not (alone or fits):
+                    break
                 admit.append(self.waiting.pop(0))
-                free -= admit[-1].request.n
+                free, width = free - r.n, max(width, len(r.prompt_ids))
             retire, self.to_retire = list(self.to_retire), set()
             t0 = time.perf_counter()
             try:
