@@ -18,6 +18,7 @@ from safetensors.torch import load_model
 
 from traingym.models.families import stop_token_ids
 from traingym.models.loader import load_policy
+from traingym.models.token_strings import piece_ids
 from traingym.rollout.torch_engine import TorchEngine
 from traingym.types import GenerationRequest, SamplingParams
 
@@ -115,7 +116,7 @@ def test_16_concurrent_greedy_equal_generate_alone(ckpt_server, one_at_a_time):
             0, max_new_tokens=n, stop_token_ids=stops, top_logprobs=2))])[0][0]
         body = [t for t in comp.token_ids if t not in stops]
         lp = choice["logprobs"]
-        assert lp["tokens"] == [tok.decode([t]) for t in body]
+        assert [piece_ids(tok)[t] for t in lp["tokens"]] == body  # token ids
         assert choice["text"] == tok.decode(body)
         assert lp["token_logprobs"] == pytest.approx(comp.logprobs[:len(body)], abs=1e-4)
         for tops, want in zip(lp["top_logprobs"], comp.top_logprobs):
