@@ -6,7 +6,8 @@ Covered: a short request that arrives while a long one decodes finishes first; a
 first content chunks arrive while its request is still decoding, and the chunks concatenate
 to the plain answer; 16 concurrent greedy requests (staggered lengths) give the tokens and
 log-probs of the engine's one-at-a-time `generate` (1e-4); a client that leaves mid-stream
-frees its row (and its slot) long before its max_tokens."""
+frees its row (and its slot) long before its max_tokens; live streams of n=2 chat and of two
+completions prompts equal the plain answers per choice (text, log-probs, finish_reason)."""
 
 import asyncio
 import json
@@ -143,3 +144,38 @@ def test_disconnect_mid_stream_frees_the_row(ckpt_server):
     ok = httpx.post(ckpt_server.url + "/v1/completions", timeout=120, json={
         "model": ckpt_server.model, "prompt": "What is 1 + 1?", "max_tokens": 3})
     assert ok.status_code == 200
+
+
+def test_streams_of_several_choices_equal_plain_answers(ckpt_server):
+    """n=2 chat with log-probs and two prompts of legacy completions, streamed live: per
+    choice, the text and log-probs of the chunks equal the plain answer's (same seed)."""
+    chat = {"model": ckpt_server.model, "temperature": 0.9, "seed": 3, "n": 2,
+            "max_tokens": 20, "logprobs": True, "top_logprobs": 2,
+            "messages": [{"role": "user", "content": "What is 5 + 6?"}]}
+    comp = {"model": ckpt_server.model, "temperature": 0.9, "seed": 4, "max_tokens": 20,
+            "logprobs": 1, "prompt": ["What is 1 + 9?", "日本 café"]}
+    for path, body in (("/v1/chat/completions", chat), ("/v1/completions", comp)):
+        plain = httpx.post(ckpt_server.url + path, json=body, timeout=300).json()
+        text, lps, fins = {}, {}, {}
+        with httpx.stream("POST", ckpt_server.url + path, timeout=300,
+                          json={**body, "stream": True}) as r:
+            for ev in sse_events(r.iter_lines()):
+                c = ev["choices"][0]
+                i = c["index"]
+                text[i] = text.get(i, "") + (c["delta"].get("content") or "" if "delta" in c
+                                             else c["text"])
+                if c.get("logprobs"):
+                    got = (c["logprobs"]["content"] if "delta" in c
+                           else c["logprobs"]["token_logprobs"])
+                    lps.setdefault(i, []).extend(e["logprob"] if isinstance(e, dict) else e
+                                                 for e in got)
+                if c["finish_reason"]:
+                    fins[i] = c["finish_reason"]
+        for c in plain["choices"]:
+            i = c["index"]
+            want = c["message"]["content"] if "message" in c else c["text"]
+            want_lps = ([e["logprob"] for e in c["logprobs"]["content"]] if "message" in c
+                        else c["logprobs"]["token_logprobs"])
+            assert text[i] == want and fins[i] == c["finish_reason"], (path, i)
+            assert lps.get(i, []) == pytest.approx(want_lps, abs=1e-6), (path, i)
+        assert sorted(text) == [0, 1]
