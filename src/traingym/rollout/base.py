@@ -52,7 +52,8 @@ class EngineAbilities:
     step_decoding: bool = False
     """Has `step_decoder(max_rows=None)`, a rollout/continuous.py StepDecoder (admit / step /
     retire rows between decode steps): `traingym serve` batches continuously on it. Engines
-    without it get whole `generate` calls (serve/batching.py)."""
+    without it get whole `generate` calls (serve/batching.py). Read it on the engine object:
+    the built-in engine sets it per instance (True where its fused decode path runs)."""
     scores_tokens: bool = False
     """Has `score(prompts, completions, temperature)`: log-probs of given tokens (module
     docstring); a distillation teacher needs it (distill.teacher_engine)."""
