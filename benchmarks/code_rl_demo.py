@@ -166,14 +166,17 @@ def pool_report(run_dir: Path, events: list[dict]) -> dict:
         run["utilisation"] = run.pop("utilisation_cycle")
     if every:
         first, last = every[0]["args"], every[-1]["args"]
-        t = (b0 - a0) / 1e6
-        n = last["acquired"] - first["acquired"] + 1
-        busy = last["busy_s"] - first["busy_s"]
+        t = (every[-1]["ts"] + every[-1]["dur"] - every[0]["ts"] - every[0]["dur"]) / 1e6
+        n = last["acquired"] - first["acquired"]  # acquisitions after the first one
+        busy = last["busy_s"] - first["busy_s"]  # holds released in the interval
         run["over_training"] = {
-            "seconds": t, "acquisitions_per_s": n / t, "mean_hold_s": busy / max(n - 1, 1),
-            "mean_in_use": busy / t, "mean_live": (last["live_s"] - first["live_s"]) / t,
-            "note": "Little's law L = lambda x W over the training steps: mean sandboxes in "
-                    "use = acquisitions per second x mean hold. Acquisitions come in bursts "
+            "seconds": t, "acquisitions_per_s": n / t if t > 0 else None,
+            "mean_hold_s": busy / n if n else None,
+            "mean_in_use": busy / t if t > 0 else None,
+            "mean_live": (last["live_s"] - first["live_s"]) / t if t > 0 else None,
+            "note": "from the first to the last acquisition of the training steps. Little's "
+                    "law L = lambda x W: mean sandboxes in use = acquisitions per second x "
+                    "mean hold. Acquisitions come in bursts "
                     "(a step's completions are graded together, then none while the engine "
                     "generates and the trainer trains), so the pool sizes itself from its "
                     "decayed rate estimate (rate_per_s_max, time constant 5 s), far above "
