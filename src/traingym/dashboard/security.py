@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
 import re
 import socket
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
+
+from traingym.asgi import send_json
 
 
 class StartError(ValueError):
@@ -125,7 +126,7 @@ class Guard:
         refusal = self.refusal(scope)
         if refusal is not None:
             status, text, extra = refusal
-            return await _send_json(send_secure, status, {"detail": text}, extra)
+            return await send_json(send_secure, status, {"detail": text}, extra)
         return await self.app(scope, receive, send_secure)
 
     def refusal(self, scope):
@@ -169,11 +170,3 @@ class Guard:
 
 def _same(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode(), b.encode())
-
-
-async def _send_json(send, status: int, body: dict, headers=()) -> None:
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(data)).encode()), *headers]})
-    await send({"type": "http.response.body", "body": data})

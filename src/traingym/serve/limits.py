@@ -11,8 +11,9 @@ answered 429 at once (clients retry 429), never queued without bound.
 from __future__ import annotations
 
 import hmac
-import json
 from dataclasses import dataclass
+
+from traingym.asgi import send_json
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,6 @@ def error_response(err: ApiError):
     return JSONResponse(err.body(), status_code=err.status)
 
 
-async def _send_json(send, status: int, body: dict, headers=()) -> None:
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(data)).encode()), *headers]})
-    await send({"type": "http.response.body", "body": data})
-
 
 class Guard:
     """ASGI middleware: the API key (when set) and the body-size limit, before routing."""
@@ -67,7 +61,7 @@ class Guard:
             given = auth[7:] if auth[:7].lower() == "bearer " else ""
             if not hmac.compare_digest(given.encode(), self.api_key.encode()):
                 why = "a wrong API key" if given else "no 'Authorization: Bearer <key>' header"
-                return await _send_json(send, 401, ApiError(
+                return await send_json(send, 401, ApiError(
                     401, f"this server needs an API key; the request had {why}",
                     "invalid_api_key", type_="authentication_error").body(),
                     [(b"www-authenticate", b"Bearer")])
@@ -77,10 +71,10 @@ class Guard:
         try:
             declared = int(headers.get(b"content-length", b"0"))
         except ValueError:
-            return await _send_json(send, 400, ApiError(400, "Content-Length is not a number",
+            return await send_json(send, 400, ApiError(400, "Content-Length is not a number",
                                                         "bad_content_length").body())
         if declared > cap:
-            return await _send_json(send, 413, too_big.body(), [(b"connection", b"close")])
+            return await send_json(send, 413, too_big.body(), [(b"connection", b"close")])
         chunks, size = [], 0
         while True:  # read the whole (bounded) body here; the route reads it from memory
             message = await receive()
@@ -89,7 +83,7 @@ class Guard:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > cap:
-                return await _send_json(send, 413, too_big.body(), [(b"connection", b"close")])
+                return await send_json(send, 413, too_big.body(), [(b"connection", b"close")])
             if not message.get("more_body"):
                 break
         body, sent = b"".join(chunks), False
