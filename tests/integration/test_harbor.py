@@ -121,6 +121,14 @@ def test_sandbox_links_are_checked():
         check_links({"/a/b": "/sandbox/x"})
     with pytest.raises(ValueError, match="the target must lie in"):
         check_links({"/app": "/etc"})
+    for escape in ("/sandbox/../etc", "/image/../../usr", "sandbox/x", "/tmp/a/../../etc"):
+        with pytest.raises(ValueError, match="the target must lie in"):
+            check_links({"/app": escape})
+    assert check_links({"/app/": "/sandbox/a/../b"}) == (("/app", "/sandbox/b"),)
+    with pytest.raises(ValueError, match="new top-level path"):
+        check_links({"/opt": "/sandbox/x"}, points={"/opt/python/lib"})  # holds a mount point
+    with pytest.raises(ValueError, match="new top-level path"):
+        check_links({"/x/..//usr": "/sandbox/x"})
     from traingym.sandbox.images import get_image
 
     top = "/" + get_image(None).interpreter.prefix.split("/")[1]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import posixpath
 from pathlib import Path
 
 from traingym.sandbox import cgroup
@@ -89,19 +90,39 @@ def python_mounts(image: Image) -> list[str]:
     return args
 
 
-def check_links(links) -> tuple[tuple[str, str], ...]:
-    """`links` ({path: target}) as ((path, target), ...): each path a new top-level name
-    ("/app"), each target inside the sandbox's writable folders or its image."""
-    links = tuple((str(a), str(b)) for a, b in dict(links or {}).items())
+def mount_points(args: list[str]) -> set[str]:
+    """The paths inside the sandbox that bwrap arguments (mounts()) mount or create."""
+    two = {"--ro-bind", "--bind", "--dev-bind", "--symlink", "--ro-bind-try", "--bind-try"}
+    one = {"--tmpfs", "--proc", "--dev", "--dir", "--mqueue"}
+    points, i = set(), 0
+    while i < len(args):
+        if args[i] in two:
+            points.add(posixpath.normpath(args[i + 2]))
+            i += 3
+        elif args[i] in one:
+            points.add(posixpath.normpath(args[i + 1]))
+            i += 2
+        else:  # --size n, --remount-ro d: no new mount point
+            i += 2 if args[i] in ("--size", "--remount-ro") else 1
+    return points
+
+
+def check_links(links, points=()) -> tuple[tuple[str, str], ...]:
+    """`links` ({path: target}) as ((path, target), ...), each normalised (posixpath.normpath):
+    each path a new top-level name ("/app") that is none of the mount `points` (mounts()) nor
+    holds one, each target inside the sandbox's writable folders or its image."""
+    links = tuple((posixpath.normpath(str(a)), posixpath.normpath(str(b)))
+                  for a, b in dict(links or {}).items())
     taken = {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/proc", "/dev",
-             "/tmp", WORKSPACE, MOUNT}
+             "/tmp", WORKSPACE, MOUNT, *points}
     for path, target in links:
-        if not path.startswith("/") or path.count("/") != 1 or path in taken or len(path) < 2:
+        if not path.startswith("/") or path.count("/") != 1 or len(path) < 2 \
+                or any(under(t, path) for t in taken):
             raise ValueError(f"sandbox link {path!r}: give a new top-level path like '/app' "
-                             f"(not one of {sorted(taken)})")
-        if not any(under(target, d) for d in (*WIPE_DIRS, MOUNT)):
+                             f"(not one of {sorted(taken)}, nor a folder holding one)")
+        if not target.startswith("/") or not any(under(target, d) for d in (*WIPE_DIRS, MOUNT)):
             raise ValueError(f"sandbox link {path!r} -> {target!r}: the target must lie in "
-                             f"{WIPE_DIRS} or {MOUNT}")
+                             f"{WIPE_DIRS} or {MOUNT} (an absolute path, '..' resolved)")
     return links
 
 
@@ -174,12 +195,7 @@ class BwrapSandbox(AgentSandbox):
         self.oom_seen = self.pids_seen = 0
 
     def _links(self, links) -> tuple[tuple[str, str], ...]:
-        links = check_links(links)
-        for path, _ in links:
-            if under(self.image.interpreter.prefix, path):
-                raise ValueError(f"sandbox link {path!r}: the interpreter's installation "
-                                 f"{self.image.interpreter.prefix} is mounted there")
-        return links
+        return check_links(links, mount_points(mounts(self.image, MiB)))
 
     @classmethod
     async def create(cls, limits: Limits | None = None, scratch_bytes: int = 64 * MiB,
