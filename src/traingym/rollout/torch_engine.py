@@ -40,6 +40,7 @@ from traingym.padding import left_pad, repeat_cache_rows, right_pad
 from traingym.precision import engine_dtype
 from traingym.rollout.base import EngineAbilities
 from traingym.rollout.fused_decoder import FusedDecoder, supports
+from traingym.scoring import row_logits, token_logprobs
 from traingym.types import Completion, GenerationRequest, SamplingParams
 
 
@@ -75,6 +76,10 @@ class TorchEngine:
         model_config = ConfigDict(extra="forbid")
         fused: bool = Field(True, description="the fused decode path where the architecture "
                             "allows it (rollout/fused_decoder.py); False: the plain HF forward")
+        score_tokens: int = Field(8192, ge=1, description="padded tokens (rows x (longest "
+                                  "prompt + longest completion)) one `score` forward takes; "
+                                  "its fp32 logits are about 4 x vocab bytes per completion "
+                                  "token")
 
     abilities = EngineAbilities(takes_weights=True, inflight_updates=True,
                                 crosses_processes=True, scores_tokens=True,
@@ -85,16 +90,18 @@ class TorchEngine:
         """A copy of `model` in `model.engine_dtype`, decoding `rollout.max_batch_rows` rows
         at once."""
         return cls(copy.deepcopy(model), tokenizer.pad_token_id, cfg.rollout.max_batch_rows,
-                   engine_dtype(cfg.model.engine_dtype), fused=options.fused)
+                   engine_dtype(cfg.model.engine_dtype), fused=options.fused,
+                   score_tokens=options.score_tokens)
 
     def __init__(self, model, pad_token_id: int, max_batch_rows: int = 64, dtype=None,
-                 fused: bool = True):
+                 fused: bool = True, score_tokens: int = 8192):
         self.model = model.eval()
         if dtype is not None:
             self.model.to(dtype)
         self.dtype = next(self.model.parameters()).dtype
         self.pad_token_id = pad_token_id
         self.max_batch_rows = max_batch_rows
+        self.score_tokens = score_tokens  # padded tokens per `score` forward (Options)
         self.version = 0
         # Called between decode steps (in the decoding thread) where set: it may call
         # update_weights, and later tokens record the new version (in-flight updates).
@@ -115,32 +122,44 @@ class TorchEngine:
     async def score(self, prompts: list[list[int]], completions: list[list[int]],
                     temperature: float) -> list[list[float]]:
         """rollout/base.py's `score`, in a worker thread: one forward over prompt + completion
-        per row (prompts left-padded, completions right-padded, up to `max_batch_rows` rows a
-        forward, plain HF forward), log softmax(logits / T) in fp32, as the trainer computes
-        it (trainer/micro.py sequence_logprobs). An empty completion scores as []."""
+        per row (prompts left-padded, completions right-padded, plain HF forward), log
+        softmax(logits / T) in fp32 at the given tokens, computed as the trainer's full-row
+        path computes it (scoring.py, shared with trainer/micro.py sequence_logprobs). Rows
+        go in order into forwards of at most `max_batch_rows` rows and `score_tokens` padded
+        tokens (rows x (longest prompt + longest completion)); a row above that runs alone.
+        An empty completion scores as []."""
         if len(prompts) != len(completions) or not all(prompts):
             raise ValueError(f"score: {len(prompts)} prompts for {len(completions)} "
                              "completions; each row needs a non-empty prompt")
         return await asyncio.to_thread(self._score, prompts, completions, temperature)
 
+    def _score_chunks(self, prompts, completions) -> list[list[int]]:
+        """Row indices (non-empty completions, in order) per forward, within the row and
+        token budgets."""
+        chunks: list[list[int]] = []
+        chunk: list[int] = []
+        longest_p = longest_c = 0
+        for i, c in enumerate(completions):
+            if not c:
+                continue
+            p, cc = max(longest_p, len(prompts[i])), max(longest_c, len(c))
+            if chunk and (len(chunk) == self.max_batch_rows
+                          or (len(chunk) + 1) * (p + cc) > self.score_tokens):
+                chunks.append(chunk)
+                chunk, p, cc = [], len(prompts[i]), len(c)
+            chunk.append(i)
+            longest_p, longest_c = p, cc
+        return chunks + [chunk] if chunk else chunks
+
     @torch.no_grad()
     def _score(self, prompts, completions, temperature: float) -> list[list[float]]:
-        device = next(self.model.parameters()).device
         out: list[list[float]] = [[] for _ in prompts]
-        rows = [i for i, c in enumerate(completions) if c]
-        for start in range(0, len(rows), self.max_batch_rows):
-            idx = rows[start:start + self.max_batch_rows]
-            ids_B_L, pmask_B_L = left_pad([prompts[i] for i in idx], self.pad_token_id, device)
-            comp_B_C, cmask_B_C = right_pad([completions[i] for i in idx], self.pad_token_id,
-                                            device)
-            attn_B_S = torch.cat([pmask_B_L, cmask_B_C], dim=1)
-            logits_B_C_V = self.model(
-                input_ids=torch.cat([ids_B_L, comp_B_C], dim=1), attention_mask=attn_B_S,
-                position_ids=(attn_B_S.cumsum(-1) - 1).clamp(min=0), use_cache=False,
-                logits_to_keep=comp_B_C.shape[1] + 1).logits[:, :-1].float()
-            logsm_B_C_V = (logits_B_C_V / (temperature if temperature > 0 else 1.0)
-                           ).log_softmax(-1)
-            logp_B_C = logsm_B_C_V.gather(-1, comp_B_C[..., None])[..., 0]
+        for idx in self._score_chunks(prompts, completions):
+            logits_B_C_V, comp_B_C, _ = row_logits(self.model, [prompts[i] for i in idx],
+                                                   [completions[i] for i in idx],
+                                                   self.pad_token_id)
+            logp_B_C = token_logprobs(logits_B_C_V, comp_B_C, temperature)
+            del logits_B_C_V
             for i, row in zip(idx, logp_B_C.tolist()):
                 out[i] = row[: len(completions[i])]
         return out

@@ -12,7 +12,8 @@ up to float rounding (tests/trainer/test_micro_ckpt.py).
 
 `sequence_logprobs` gives what trainer/logprobs.py's `completion_logprobs` gives (same row
 layout, masks, entropy) from one forward pass over full prompt + completion rows, without a
-KV cache. Hugging Face's gradient checkpointing drops the cache in training
+KV cache (the forward is scoring.py's `row_logits`, shared with the engine's `score`).
+Hugging Face's gradient checkpointing drops the cache in training
 (transformers/modeling_layers.py sets `cache=None`), which the shared-prompt path depends on,
 so with `trainer.gradient_checkpointing` the trainer uses this path. It runs each prompt once
 per sample, so it does more compute than the shared-prompt path; what it saves is activation
@@ -23,7 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from traingym.padding import left_pad, right_pad
+from traingym.padding import right_pad
+from traingym.scoring import row_logits, scaled
 from traingym.trainer.logprobs import TokenLogprobs, lm_head_inputs
 from traingym.types import Group
 
@@ -81,17 +83,8 @@ def sequence_logprobs(model, prompts, completions, temperature: float, pad_token
     if any(len(c) == 0 for c in flat):
         raise ValueError("sequence_logprobs: every completion needs at least one token")
     row_prompts = [p for p, group in zip(prompts, completions) for _ in group]
-    ids_B_L, pmask_B_L = left_pad(row_prompts, pad_token_id, device)
-    comp_B_C, cmask_B_C = right_pad(flat, pad_token_id, device)
-    ids = torch.cat([ids_B_L, comp_B_C], dim=1)
-    attn = torch.cat([pmask_B_L, cmask_B_C], dim=1)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    C = comp_B_C.shape[1]
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
-                   logits_to_keep=C + 1).logits[:, :-1]  # predicts completion tokens
-    if logits.dtype in (torch.bfloat16, torch.float16):
-        logits = logits.float()
-    logsm = (logits / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
+    logits, comp_B_C, cmask_B_C = row_logits(model, row_prompts, flat, pad_token_id)
+    logsm = scaled(logits, temperature).log_softmax(-1)  # the entropy needs all of it
     logp = logsm.gather(-1, comp_B_C[..., None])[..., 0]
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = -(logsm.exp() * logsm).sum(-1)

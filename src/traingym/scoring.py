@@ -1,0 +1,44 @@
+"""Log-probs of given completion tokens from full prompt + completion rows, shared by the
+built-in engine's `score` (rollout/torch_engine.py) and the trainer's full-sequence path
+(trainer/micro.py `sequence_logprobs`), so both compute the same numbers the same way.
+
+`row_logits` runs one forward over each row's left-padded prompt and right-padded completion
+(no KV cache) and keeps the logits of the completion positions only. `token_logprobs` gives
+log softmax(logits / T) at the given tokens as gather(z) - logsumexp(z), z = logits / T, in
+fp32, without materialising the (B, C, V) log-softmax. Temperature: T <= 0 (greedy) means
+softmax(logits), as the engines' sampling log-probs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from traingym.padding import left_pad, right_pad
+
+
+def row_logits(model, prompts, completions, pad_token_id: int):
+    """(logits_B_C_V, comp_B_C, cmask_B_C): row b is prompts[b] + completions[b];
+    logits_B_C_V[b, t] predicts comp_B_C[b, t] (fp32 when the model computes in bf16/fp16)."""
+    device = next(model.parameters()).device
+    ids_B_L, pmask_B_L = left_pad(prompts, pad_token_id, device)
+    comp_B_C, cmask_B_C = right_pad(completions, pad_token_id, device)
+    attn_B_S = torch.cat([pmask_B_L, cmask_B_C], dim=1)
+    logits_B_C_V = model(
+        input_ids=torch.cat([ids_B_L, comp_B_C], dim=1), attention_mask=attn_B_S,
+        position_ids=(attn_B_S.cumsum(-1) - 1).clamp(min=0), use_cache=False,
+        logits_to_keep=comp_B_C.shape[1] + 1).logits[:, :-1]
+    if logits_B_C_V.dtype in (torch.bfloat16, torch.float16):
+        logits_B_C_V = logits_B_C_V.float()
+    return logits_B_C_V, comp_B_C, cmask_B_C
+
+
+def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / T; T <= 0 (greedy) leaves them as they are."""
+    return logits / temperature if temperature > 0 and temperature != 1.0 else logits
+
+
+def token_logprobs(logits_B_C_V: torch.Tensor, ids_B_C: torch.Tensor,
+                   temperature: float) -> torch.Tensor:
+    """log softmax(logits / T) at ids, (B, C): gather minus logsumexp, no log-softmax tensor."""
+    z_B_C_V = scaled(logits_B_C_V, temperature)
+    return z_B_C_V.gather(-1, ids_B_C[..., None])[..., 0] - z_B_C_V.logsumexp(-1)
