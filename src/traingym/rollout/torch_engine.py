@@ -36,7 +36,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import DynamicCache
 
-from traingym.padding import left_pad, repeat_cache_rows, right_pad
+from traingym.padding import left_pad, repeat_cache_rows
 from traingym.precision import engine_dtype
 from traingym.rollout.base import EngineAbilities
 from traingym.rollout.fused_decoder import FusedDecoder, supports
