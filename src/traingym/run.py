@@ -394,6 +394,14 @@ def _build_run(cfg: Config, run_dir: Path, resume: bool, inputs: Inputs,
 
 def _assemble(cfg, run_dir, resume, inputs, progress, model, tok, engine) -> tuple[Run, int]:
     trainer = build_trainer(cfg, model, tok.pad_token_id)  # trainer/build.py
+    try:
+        return _wire(cfg, run_dir, resume, inputs, progress, tok, engine, trainer)
+    except BaseException:
+        trainer.close()  # a trainer may own a process (a distillation teacher's vLLM worker)
+        raise
+
+
+def _wire(cfg, run_dir, resume, inputs, progress, tok, engine, trainer) -> tuple[Run, int]:
     renderer = PromptRenderer(tok, cfg.task.prefill, cfg.task.system_prompt)
     factory = (BoundFactory(inputs.env, renderer) if inputs.env is not None
                else SingleTurnFactory(inputs.reward_fn, renderer))
