@@ -187,3 +187,68 @@ def test_the_maker_pickles_by_id():
     maker = pickle.loads(pickle.dumps(VerifiersMaker("vf-tiny", {"kind": "tool"})))
     assert maker.env is None and maker.env_args == {"kind": "tool"}
     assert type(maker.environment()).__name__ == "ToolEnv"
+
+
+def test_an_episode_cut_early_cancels_verifiers_task():
+    """The runner stops an episode (max_context_tokens) while verifiers waits for the policy's
+    next turn: discarding the episode cancels verifiers' task instead of leaving it pending."""
+    import gc
+
+    from traingym.envs.render import PromptRenderer
+    from traingym.envs.verifiers_env import VerifiersMaker, env_rows
+    from traingym.models.loader import tiny_tokenizer
+    from traingym.types import Completion
+
+    tok = tiny_tokenizer()
+    maker = VerifiersMaker("vf-tiny", {"kind": "multi"})
+    example = env_rows(maker.environment(), 1)[0][0]
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+
+    async def go():
+        episode = maker(example, PromptRenderer(tok, ""))
+        obs = await episode.reset()
+        ids = tok.encode("99", add_special_tokens=False) + [end]
+        r = await episode.step(Completion(tuple(obs.prompt_ids), ids, [0.0] * len(ids), "stop",
+                                          0))
+        assert not r.done
+        task = episode._task
+        del episode, r
+        gc.collect()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert task.cancelled()  # here: asyncio.run would cancel it at the end anyway
+
+    asyncio.run(go())
+
+
+def test_a_turn_limit_above_traingyms_is_refused(tmp_path):
+    """vf-tiny's multi env has max_turns=3: rollout.max_turns=2 would cut it before scoring."""
+    import verifiers as vf
+    import vf_tiny
+    from datasets import Dataset
+
+    from traingym.envs.verifiers_env import VerifiersMaker
+
+    with pytest.raises(traingym.ConfigError, match=r"max_turns=3 but rollout.max_turns=2"):
+        traingym.train(_cfg("multi", rollout={"max_turns": 2}), run_dir=tmp_path / "r",
+                       progress=False)
+    endless = vf_tiny.GuessEnv(dataset=Dataset.from_list([{"question": "Hi?", "answer": "1"}]),
+                               max_turns=-1, rubric=vf.Rubric(funcs=[vf_tiny.solved],
+                                                              weights=[1.0]))
+    assert endless.max_turns == -1
+    with pytest.raises(traingym.ConfigError, match=r"max_turns=-1 \(unlimited\)"):
+        traingym.train(traingym.build_config("tiny", overrides={"steps": 1}),
+                       env=VerifiersMaker(env=endless), run_dir=tmp_path / "r2", progress=False)
+
+
+def test_reward_functions_of_one_name_are_both_recorded():
+    import verifiers as vf
+    from datasets import Dataset
+
+    env = vf.SingleTurnEnv(dataset=Dataset.from_list([{"question": "Hi?", "answer": "1"}] * 2),
+                           rubric=vf.Rubric(funcs=[lambda completion: 1.0,
+                                                   lambda completion: 0.25],
+                                            weights=[1.0, 2.0]))
+    _, (obs, r) = _play("single", ["1"], env=env)
+    assert r.info["verifiers"]["rewards"] == {"<lambda>": 1.0, "<lambda>_2": 0.25}
+    assert r.reward == 1.5

@@ -29,10 +29,11 @@ Not covered: verifiers 0.4 (its v1 API only: refused with the fix); group reward
 (plural arguments: `completions`, `states`...) and advantage rubrics (refused at load);
 weight-0 metrics (not computed); environments that need a sandbox, a hub dataset or an API
 at load time unless those are reachable; malformed tool calls (a turn whose every tool call
-fails to parse counts as a turn without a tool call); an episode cut by traingym's own
-rollout.max_turns / max_context_tokens before verifiers' loop ends gets no rubric score
-(reward 0, finish_reason says which limit): set rollout.max_turns at or above the
-environment's max_turns.
+fails to parse counts as a turn without a tool call); an episode cut by traingym's
+rollout.max_context_tokens before verifiers' loop ends gets no rubric score (reward 0,
+finish_reason 'max_context'; its verifiers task is cancelled when the episode is discarded).
+An environment whose max_turns is unlimited (-1) or above rollout.max_turns is refused at
+load (check_turns), since traingym would cut its episodes before the rubric scores them.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import inspect
 import json
 import math
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +85,25 @@ def load_env(env_id: str, env_args: dict[str, Any] | None = None):
         check_rubric(env, env_id)
         _ENVS[key] = env
     return _ENVS[key]
+
+
+def check_turns(env, name: str, max_turns: int) -> None:
+    """Refuse an environment whose own turn limit is unlimited or above traingym's
+    rollout.max_turns: its episodes would be cut before the rubric scores them (reward 0)."""
+    limit = getattr(env, "max_turns", None)
+    if not isinstance(limit, int):
+        return  # an Environment without a turn limit of its own: its loop decides
+    if limit <= 0:
+        raise ValueError(f"verifiers env {name!r} has max_turns={limit} (unlimited), so an "
+                         f"episode can outlast rollout.max_turns={max_turns} and would be cut "
+                         "before its rubric scores it (reward 0): give the environment a "
+                         f"max_turns of at most {max_turns} (its load_environment argument, "
+                         "task.env_args)")
+    if limit > max_turns:
+        raise ValueError(f"verifiers env {name!r} has max_turns={limit} but "
+                         f"rollout.max_turns={max_turns}: traingym would cut longer episodes "
+                         "before the rubric scores them (reward 0): set rollout.max_turns = "
+                         f"{limit} (or lower the environment's max_turns)")
 
 
 def rubrics(rubric) -> list:
@@ -202,6 +223,26 @@ class _Channel:
         return await self.reply
 
 
+async def _rollout(env, example: dict[str, Any], channel: _Channel) -> None:
+    """verifiers' rollout loop, its end or exception handed over the channel. A module
+    function, not a method: the task must not hold the episode, or the episode could never be
+    collected (and its finalizer never cancel the task)."""
+    try:
+        state = await env.rollout(dict(example), policy_client(channel), "traingym-policy",
+                                  dict(env.sampling_args))
+    except Exception as e:  # handed over and re-raised by the episode (_next)
+        await channel.events.put(("raised", e))
+        return
+    await channel.events.put(("done", state))
+
+
+def _cancel_later(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> None:
+    """An episode the runner cut (max_context_tokens) leaves verifiers' task waiting on its
+    reply: cancel it when the episode object goes away."""
+    if not loop.is_closed() and not task.done():
+        loop.call_soon_threadsafe(task.cancel)
+
+
 class VerifiersEnv(MultiTurnEnv):
     """One episode of a verifiers environment (module docstring)."""
 
@@ -215,16 +256,6 @@ class VerifiersEnv(MultiTurnEnv):
         self._tools: list = []
         self._finish = "stop"
         self._info: dict[str, Any] = {}
-
-    async def _rollout(self) -> None:
-        client = policy_client(self.channel)
-        try:
-            state = await self.env.rollout(dict(self.example), client, "traingym-policy",
-                                           dict(self.env.sampling_args))
-        except BaseException as e:
-            await self.channel.events.put(("raised", e))
-            raise
-        await self.channel.events.put(("done", state))
 
     async def _next(self):
         event = await self.channel.events.get()
@@ -240,9 +271,16 @@ class VerifiersEnv(MultiTurnEnv):
 
         if self.transcript is not None:
             raise RuntimeError("VerifiersEnv is single-use: reset() once")
-        self._task = asyncio.get_running_loop().create_task(self._rollout())
-        event = await self._next()
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(_rollout(self.env, self.example, self.channel))
+        weakref.finalize(self, _cancel_later, loop, self._task)
+        try:
+            event = await self._next()
+        except BaseException:
+            self._task.cancel()
+            raise
         if event[0] != "ask":
+            await self._task
             raise RuntimeError(f"verifiers env {self.name!r} ended before the policy's first "
                                f"turn (error: {event[1].get('error')!r}) on row "
                                f"{self.example!r:.200}")
@@ -340,7 +378,11 @@ async def score_state(env, state, name: str) -> tuple[float, dict[str, float]]:
                     or not math.isfinite(value):
                 raise ValueError(f"verifiers env {name!r}: reward function {fname} returned "
                                  f"{value!r}; it must return a finite number")
-            parts[fname] = float(value)
+            key, i = fname, 1
+            while key in parts:  # two functions of one name (lambdas): name_2, name_3...
+                i += 1
+                key = f"{fname}_{i}"
+            parts[key] = float(value)
             total += weight * float(value)
     return total, parts
 
