@@ -134,12 +134,21 @@ def resolve_env(cfg: Config, env=None, group_reward=None) -> tuple[Callable | No
     env = env or (import_reward(t.env, "task.env") if t.env else None)
     group = group_reward or (import_reward(t.group_reward, "task.group_reward")
                              if t.group_reward else None)
+    from traingym.envs.verifiers_env import VerifiersMaker, check_turns
+
+    if isinstance(env, VerifiersMaker):
+        try:
+            check_turns(env.environment(), env.name, cfg.rollout.max_turns)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     return env, group
 
 
 def resolve_inputs(cfg: Config, dataset=None, eval_dataset=None, reward=None, env=None,
                    group_reward=None) -> Inputs:
     """Rows, reward, env: arguments first, then config paths, then the built-in task."""
+    from traingym.envs.verifiers_env import VerifiersMaker, env_rows
+
     t = cfg.task
     env, group_reward = resolve_env(cfg, env, group_reward)
     if env is not None and reward is not None:
@@ -158,9 +167,7 @@ def resolve_inputs(cfg: Config, dataset=None, eval_dataset=None, reward=None, en
         if reward_fn is None and env is None:
             raise ConfigError("a custom dataset needs a reward: pass reward= or set "
                               "task.reward='module:function'")
-    elif type(env).__name__ == "VerifiersMaker":  # task.env 'verifiers:...' or env=
-        from traingym.envs.verifiers_env import env_rows
-
+    elif isinstance(env, VerifiersMaker):  # task.env 'verifiers:...' or env=
         if eval_dataset is not None or t.eval_dataset is not None:
             raise ConfigError("task.eval_dataset needs task.dataset: a verifiers env without "
                               "task.dataset brings its own rows")
