@@ -204,3 +204,45 @@ def test_bad_openenv_settings_are_named(tmp_path):
     (tmp_path / "rows.jsonl").write_text('{"prompt": ""}\n')
     with pytest.raises(traingym.ConfigError, match=r"env_args \['action'\].*'action_field'"):
         traingym.train(cfg, run_dir=tmp_path / "r", progress=False)
+
+
+NEVER_HEALTHY = '''
+async def app(scope, receive, send):  # a plain ASGI app whose /health never says yes
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 503, "headers": []})
+    await send({"type": "http.response.body", "body": b"starting"})
+'''
+
+
+def test_a_server_that_never_gets_healthy_is_started_once_and_stopped(tmp_path, monkeypatch):
+    """Two episodes wait for a server whose /health never answers 2xx within startup_s: one
+    process is started, both get the same error naming the timeout, and afterwards no
+    process of it is left and its log is gone (a later ready() does not start another)."""
+    require("uvicorn", "uvicorn (pip install 'traingym[openenv]')")
+    from traingym.envs import openenv_env
+    from traingym.envs.openenv_env import OpenEnvError, OpenEnvServer
+
+    (tmp_path / "never_healthy.py").write_text(NEVER_HEALTHY)
+    started = []
+    real_popen = openenv_env.subprocess.Popen
+
+    def popen(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(openenv_env.subprocess, "Popen", popen)
+    server = OpenEnvServer("never_healthy:app", app_dir=str(tmp_path), startup_s=3.0)
+
+    async def two_waiters():
+        return await asyncio.gather(server.ready(), server.ready(), return_exceptions=True)
+
+    errors = asyncio.run(two_waiters())
+    assert all(isinstance(e, OpenEnvError) for e in errors), errors
+    assert errors[0] is errors[1]
+    assert "did not answer" in str(errors[0]) and "within 3 s" in str(errors[0])
+    with pytest.raises(OpenEnvError, match="did not answer"):
+        asyncio.run(server.ready())
+    assert len(started) == 1
+    assert started[0].poll() is not None and _servers(str(tmp_path)) == []
+    assert not server.log_path.exists()

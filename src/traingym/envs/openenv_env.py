@@ -37,13 +37,9 @@ import asyncio
 import json
 import math
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
 import urllib.request
 import weakref
 from dataclasses import dataclass
@@ -53,6 +49,7 @@ from typing import Any
 from traingym.envs.multi_turn import MultiTurnEnv, Reply
 from traingym.envs.render import PromptRenderer
 from traingym.envs.resources import current
+from traingym.procs import NotHealthy, free_port, log_tail, stop_group, wait_healthy_async
 
 MAX_MESSAGE = 16 << 20  # bytes of one server message
 
@@ -70,14 +67,12 @@ def _websockets():
     return websockets
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class OpenEnvServer:
-    """One OpenEnv server for a run: started here (`app` = 'module:app') or reached (`url`)."""
+    """One OpenEnv server for a run: started here (`app` = 'module:app') or reached (`url`).
+    A start that fails (the process exits, or /health stays silent for `startup_s`) stops
+    the process it started, and every later `ready()` raises that same error (a reached
+    server too): one process per server object, never a second one beside a first that may
+    still be starting."""
 
     def __init__(self, target: str, app_dir: str | None = None, startup_s: float = 120.0):
         self.target, self.app_dir, self.startup_s = target, app_dir, startup_s
@@ -86,14 +81,22 @@ class OpenEnvServer:
         self.proc: subprocess.Popen | None = None
         self.log_path: Path | None = None
         self.schema: dict | None = None
+        self.failed: OpenEnvError | None = None  # a start that failed, raised to later callers
         self._lock = asyncio.Lock()
 
     async def ready(self) -> OpenEnvServer:
         async with self._lock:
+            if self.failed is not None:
+                raise self.failed
             if self.schema is None:
-                if not self.remote:
+                if not self.remote and self.proc is None:
                     self._spawn()
-                await self._wait_healthy()
+                try:
+                    await self._wait_healthy()
+                except OpenEnvError as e:
+                    self.failed = e
+                    await self.stop()  # a server started here: its process group and log
+                    raise
                 self.schema = json.loads(await asyncio.to_thread(self._get, "/schema", 10.0))
         return self
 
@@ -115,20 +118,15 @@ class OpenEnvServer:
             return r.read(MAX_MESSAGE)
 
     async def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.startup_s
-        while True:
-            if self.proc is not None and self.proc.poll() is not None:
+        try:
+            await wait_healthy_async(self.url + "/health", self.proc, self.startup_s)
+        except NotHealthy as e:
+            if e.exited is not None:
                 raise OpenEnvError(f"OpenEnv server {self.target!r} exited before answering "
-                                   f"/health{self.describe()}")
-            try:
-                await asyncio.to_thread(self._get, "/health", 2.0)
-                return
-            except (urllib.error.URLError, OSError) as e:
-                if time.monotonic() > deadline:
-                    raise OpenEnvError(f"OpenEnv server {self.target!r} did not answer "
-                                       f"{self.url}/health within {self.startup_s:.0f} s ({e})"
-                                       f"{self.describe()}") from None
-            await asyncio.sleep(0.2)
+                                   f"/health{self.describe()}") from None
+            raise OpenEnvError(f"OpenEnv server {self.target!r} did not answer "
+                               f"{self.url}/health within {self.startup_s:.0f} s "
+                               f"({e.last_error}){self.describe()}") from None
 
     def describe(self) -> str:
         """The server process's state and last output, for error messages."""
@@ -136,27 +134,14 @@ class OpenEnvServer:
             return ""
         code = self.proc.poll()
         state = "still running" if code is None else f"exited with code {code}"
-        tail = ""
-        if self.log_path is not None and self.log_path.exists():
-            lines = self.log_path.read_text(errors="replace").splitlines()[-8:]
-            tail = "; its last output:\n  " + "\n  ".join(lines) if lines else ""
+        tail = log_tail(self.log_path, lines=8, missing="")
+        tail = "; its last output:\n  " + "\n  ".join(tail.splitlines()) if tail else ""
         return f" (the server process {self.proc.pid} {state}{tail})"
 
     async def stop(self) -> None:
-        """Stop the server's process group (SIGTERM, then SIGKILL after 10 s)."""
-        if self.proc is not None:
-            for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-                if self.proc.poll() is not None:
-                    break
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    await asyncio.to_thread(self.proc.wait, wait_s)
-                except subprocess.TimeoutExpired:
-                    continue
-            self.proc.wait()
+        """Stop the server's process group (SIGTERM, then SIGKILL after 10 s; at most 20 s in
+        all, in a worker thread, so the event loop keeps running) and remove its log."""
+        await asyncio.to_thread(stop_group, self.proc, 10.0, 10.0)
         if self.log_path is not None:
             self.log_path.unlink(missing_ok=True)
 
