@@ -160,7 +160,8 @@ def _run(cfg: Config, engine, tok, factory, group, rows, seed) -> dict[str, list
 def _record(mode: str, group, threshold: float) -> list[dict]:
     return [{"mode": mode, "prompt_index": group.index, "sample": j, "prompt": s.prompt_text,
              "completion": s.completion_text, "reward": s.reward,
-             "passed": s.reward >= threshold, "finish_reason": s.finish_reason,
+             **({"dropped": s.drop_reason} if s.drop_reason else
+                {"passed": s.reward >= threshold}), "finish_reason": s.finish_reason,
              "turns": s.turns, "prompt_ids": list(s.prompt_ids),
              "completion_ids": list(s.completion_ids), "example": s.example,
              "env_info": s.env_info}

@@ -55,8 +55,18 @@ def _score(per_prompt: list[float]) -> Score:
 
 
 def paired_difference(after: Score, before: Score) -> dict:
+    """after - before per prompt, over the prompts counted in both (a NaN in either: skipped)."""
+    if len(after.per_prompt) != len(before.per_prompt):
+        raise ValueError(f"paired difference: {len(after.per_prompt)} prompts after but "
+                         f"{len(before.per_prompt)} before; pair evaluations of the same prompts")
     diffs = [a - b for a, b in zip(after.per_prompt, before.per_prompt)
              if not (math.isnan(a) or math.isnan(b))]
+    if not diffs:
+        raise ValueError(f"paired difference: no prompt is counted in both evaluations (after: "
+                         f"{after.n_prompts} of {len(after.per_prompt)}, before: "
+                         f"{before.n_prompts} of {len(before.per_prompt)}; the rest had every "
+                         "sample dropped): nothing to compare; fix the judge or use "
+                         "on_failure='score:<x>'")
     s = _score(diffs)
     return {"delta": s.mean, "se": s.se, "z": s.mean / s.se if s.se > 0 else None}
 

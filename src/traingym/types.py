@@ -62,12 +62,16 @@ class Observation:
 
 @dataclass
 class StepResult:
-    """An environment's answer to a completion."""
+    """An environment's answer to a completion. `drop`: why the episode's reward is unknown
+    (a judge that failed under on_failure='drop', envs/judge.py), else None: the sample is then
+    neither trained on (its group is left out of the batch) nor counted in evaluation, and
+    `reward` is a placeholder nobody reads (Sample.drop_reason)."""
 
     reward: float
     done: bool = True
     next_observation: Observation | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    drop: str | None = None
 
 
 ENV_VERSION = -1  # the `versions` entry of a token the environment wrote, not the policy
@@ -99,12 +103,10 @@ class Sample:
     env_info: list[dict[str, Any]] = field(default_factory=list)
     """Per environment step that reported any, the JSON-safe part of its StepResult.info (a
     code env's sandbox verdict); for logs (samples.jsonl), never for the loss."""
-
-    @property
-    def drop_reason(self) -> str | None:
-        """Why this sample must be neither trained on nor counted (an env step's info said
-        'drop': a judge that failed under on_failure='drop', envs/judge.py), else None."""
-        return next((i["drop"] for i in self.env_info if i.get("drop")), None)
+    drop_reason: str | None = None
+    """Why this sample must be neither trained on nor counted (an env step's StepResult.drop),
+    else None; its `reward` is then a placeholder: left out of step means, group rewards
+    (envs/group.py), the batch (algorithms/base.py) and evaluation (evaluate.py)."""
 
     def __post_init__(self):
         if self.loss_mask is None:

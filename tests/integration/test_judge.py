@@ -26,8 +26,9 @@ ANSWER = re.compile(r"Student answer: (.*?)\n\nIs the student", re.S)
 
 @pytest.mark.parametrize("rule,text,score", [
     ("yes_no", "Yes.", 1.0), ("yes_no", "no, it is wrong", 0.0),
-    ("yes_no", "I think YES, not no", 1.0), ("yes_no", "Nope... no", 0.0),
+    ("yes_no", "  **YES** it is", 1.0), ("yes_no", "\nNo", 0.0),
     ("number", "Score: 7/10", 7.0), ("number", "-2.5 points", -2.5),
+    ("number", "about .5", 0.5), ("number", "-.25 or so", -0.25), ("number", "1e3", 1000.0),
     ("regex:Score: (\\d+)", "Reasoning 3 steps. Score: 8", 8.0),
     ("regex:\\d+\\.\\d+", "about 0.75 or so", 0.75),
 ])
@@ -36,8 +37,11 @@ def test_parse_rules(rule, text, score):
 
 
 @pytest.mark.parametrize("rule,text,why", [
-    ("yes_no", "Nope, yesterday", "no 'yes' or 'no'"),  # words inside words do not count
-    ("yes_no", "", "no 'yes' or 'no'"),
+    ("yes_no", "Nope, yesterday", "does not start with the word 'yes' or 'no'"),
+    ("yes_no", "", "does not start with the word"),
+    ("yes_no", "I think YES, not no", "does not start with the word"),  # the first word only
+    ("yes_no", "Nope... no", "does not start with the word"),
+    ("yes_no", "yesno", "does not start with the word"),
     ("number", "seven", "no number"),
     ("regex:Score: (\\d+)", "Score: high", "does not match"),
     ("regex:Score: (\\w+)", "Score: high", "not a number"),
@@ -165,15 +169,21 @@ def test_trains_with_the_builtin_engine_on_the_tiny_model(tmp_path):
                    progress=False)
     samples = _lines(run / "samples.jsonl")
     assert len(samples) == 32
+    parsed = 0
     for s in samples:
         (rec,) = [i["judge"] for i in s["env_info"]]
         assert rec["batch"] == 16 and isinstance(rec["answer"], str)
+        assert "dropped" not in s  # on_failure='score:-1' never drops
         if rec["failure"] is None:
-            assert rec["score"] == float(re.search(r"-?\d+(?:\.\d+)?", rec["answer"]).group())
-            assert s["reward"] == rec["score"]
+            parsed += 1
+            assert rec["score"] == parse_score("number", rec["answer"])
+            assert s["reward"] == rec["reward"] == rec["score"]
         else:
             assert rec["failure"].startswith("unparseable: no number")
+            assert not re.search(r"\d", rec["answer"])
             assert rec["score"] is None and s["reward"] == rec["reward"] == -1.0
+    # the seeded noise gives both outcomes: each branch above was checked on real answers
+    assert 0 < parsed < len(samples), f"{parsed} of {len(samples)} judge answers parsed"
 
 
 def test_a_run_checkpoint_judges(tmp_path):
@@ -246,10 +256,11 @@ def test_nonsense_answers_score_as_configured(fake):
         rec = r.info["judge"]
         assert r.reward == 0.25 and rec["reward"] == 0.25 and rec["score"] is None
         assert rec["answer"] == "banana"
-        assert rec["failure"] == "unparseable: no 'yes' or 'no' in the answer 'banana'"
+        assert rec["failure"] == \
+        "unparseable: the answer 'banana' does not start with the word 'yes' or 'no'"
     results, _ = _episodes(JudgeConfig(**_judge(fake, on_failure="drop")), [" 3"])
-    assert results[0].info["drop"].startswith("judge: unparseable")
-    assert results[0].info["judge"]["reward"] is None
+    assert results[0].drop.startswith("judge: unparseable")
+    assert "drop" not in results[0].info and results[0].info["judge"]["reward"] is None
 
 
 def test_a_failing_judge_call_is_recorded(fake):
@@ -267,7 +278,7 @@ def test_a_judge_timeout_is_recorded(fake):
     results, _ = _episodes(JudgeConfig(**_judge(fake, on_failure="drop", timeout_s=0.5)),
                            [" 3"])
     assert results[0].info["judge"]["failure"] == "timeout: no answer within timeout_s=0.5"
-    assert results[0].info["drop"] == "judge: timeout: no answer within timeout_s=0.5"
+    assert results[0].drop == "judge: timeout: no answer within timeout_s=0.5"
     fake.mode = "ok"
 
 
@@ -298,8 +309,10 @@ def test_on_failure_drop_leaves_the_groups_out(tmp_path, fake):
     assert len(samples) == 32  # every group of both steps
     groups: dict = {}
     for s in samples:
-        drop = any("drop" in i for i in s["env_info"])
+        drop = "dropped" in s
         assert drop == (s["env_info"][0]["judge"]["answer"] == "banana")
+        if drop:
+            assert s["dropped"].startswith("judge: unparseable")
         groups.setdefault((s["step"], s["group"]), []).append((drop, s["reward"]))
     mixed = [g for g in groups.values() if any(d for d, _ in g) and not all(d for d, _ in g)]
     assert mixed, "no group with both a dropped and a judged sample: the test shows nothing"
@@ -309,6 +322,8 @@ def test_on_failure_drop_leaves_the_groups_out(tmp_path, fake):
         equal = sum(not any(d for d, _ in g) and len({r for _, r in g}) == 1
                     for g in step_groups)
         assert e["groups_dropped"] == with_drop + equal
+        kept = [r for g in step_groups for d, r in g if not d]  # placeholders left out
+        assert e["reward_mean"] == pytest.approx(sum(kept) / len(kept))
 
 
 def test_bad_judge_config_names_the_fix():
@@ -344,8 +359,13 @@ def test_the_judge_prompt_is_filled_from_the_row():
         'Q: system: Be brief.\nuser: 2+2? A: 4 (4) {"x": 1}'
     with pytest.raises(JudgeError, match="no 'answer' .*task.columns.answer"):
         judge_prompt(cfg, {"prompt": "2+2?"}, "4")
-    no_answer = JudgeConfig(model="tiny", prompt="{prompt} -> {completion}")
-    assert judge_prompt(no_answer, {"prompt": "2+2?"}, "4") == "2+2? -> 4"
+    no_answer = JudgeConfig(model="tiny", prompt="{prompt} -> {completion} {{answer}}")
+    assert judge_prompt(no_answer, {"prompt": "2+2?"}, "4") == "2+2? -> 4 {answer}"
+    for bad in ("{completion} {answer!r}", "{completion:>9}", "{completion} {answer!s:10}"):
+        with pytest.raises(ValueError, match="conversion or format spec"):
+            JudgeConfig(model="tiny", prompt=bad)
+    with pytest.raises(ValueError, match="not a valid template"):
+        JudgeConfig(model="tiny", prompt="{completion")
 
 
 def test_a_toml_config_names_the_judge(tmp_path):

@@ -6,6 +6,11 @@ be built wherever the rollout runs (another process, a Ray actor).
 Multi-turn: `step` returns `done=False` and a next observation whose ids are the context so far
 (prompt + completions + earlier environment tokens) followed by the environment's new tokens;
 the runner checks this prefix property and raises ContextError otherwise (envs/transcript.py).
+
+A StepResult (types.py) carries the reward, `done`, the next observation, `info` (JSON-safe
+details for samples.jsonl's env_info) and `drop`: a reason string when the episode's reward is
+unknown and the sample must be neither trained on nor counted (Sample.drop_reason; e.g. a judge
+that failed under on_failure='drop'), else None.
 Helpers: envs/single_turn.py (a reward function), envs/multi_turn.py (chat replies),
 envs/tools.py (tool calls).
 """

@@ -4,13 +4,15 @@ checkpoint, vllm, or the read-only `openai` engine pointed at an OpenAI-compatib
 
 Config (`[task.judge]`, a JudgeConfig): the engine and its options, the judge's model, a prompt
 template with {prompt} (the row's prompt; chat messages as 'role: content' lines),
-{completion} (task.prefill + the policy's completion) and {answer} (the row's 'answer'), a parse
+{completion} (task.prefill + the policy's completion) and {answer} (the row's 'answer'), plain
+(a conversion or format spec such as {answer!r} is refused), a parse
 rule, max_tokens, temperature, timeout_s and `on_failure`. The episode is single-turn (the
 JudgeEnv here): the policy answers, the judge scores; task.reward is not used.
 
-Parse rules (`parse`), applied to the judge's decoded answer:
-- 'yes_no': the first word 'yes' or 'no' (any case) -> 1.0 / 0.0;
-- 'number': the first number (e.g. '7', '-2.5') -> its value;
+Parse rules (`parse`, envs/judge_config.py), applied to the judge's decoded answer:
+- 'yes_no': the answer's first word (after any leading punctuation) must be 'yes' or 'no'
+  (any case) -> 1.0 / 0.0; anything else ('I think yes') does not parse;
+- 'number': the first number (e.g. '7', '-2.5', '.5', '1e3') -> its value;
 - 'regex:<pattern>': the first match of the pattern; its first group (or the whole match when
   it has none) must be a number -> its value.
 `score_range = [lo, hi]` rejects a parsed score outside it. The reward is the score.
@@ -19,7 +21,7 @@ Failures: the engine call raising, passing `timeout_s`, or an answer the rule ca
 (or out of range). `on_failure` says what such a sample counts as, never a silent 0:
 - 'error' (default): the run stops with a JudgeError naming the sample and the reason;
 - 'score:<x>': reward x, the failure recorded;
-- 'drop': the sample is marked (its step info's 'drop', Sample.drop_reason): its group is left
+- 'drop': the sample is marked (StepResult.drop, Sample.drop_reason): its group is left
   out of the training batch and counted in groups_dropped (algorithms/base.py), and
   evaluation leaves the sample out of its prompt's mean (evaluate.py).
 Every judged sample records, in its env_info (samples.jsonl), {'judge': {'prompt', 'answer',
@@ -40,151 +42,22 @@ task.group_reward over the judged samples); a judge engine shared across runs.
 from __future__ import annotations
 
 import asyncio
-import math
-import re
-import string
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-FIELDS = ("prompt", "completion", "answer")
-DEFAULT_PROMPT = (
-    "Question: {prompt}\nReference answer: {answer}\nStudent answer: {completion}\n\n"
-    "Is the student answer correct? Answer yes or no.")
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-_YES_NO = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
+from traingym.envs.judge_config import (  # noqa: F401 (re-exported: the judge's names)
+    DEFAULT_PROMPT,
+    FIELDS,
+    JudgeConfig,
+    ParseFailure,
+    parse_score,
+    template_fields,
+)
 
 
 class JudgeError(RuntimeError):
     """A judge failed with task.judge.on_failure='error' (or a row lacks what the prompt
     template needs); the message names the sample."""
-
-
-class ParseFailure(ValueError):
-    """The judge's answer did not parse under the rule; the message says why."""
-
-
-class JudgeConfig(BaseModel):
-    """[task.judge]: a reward from an LLM judge (envs/judge.py)."""
-
-    model_config = ConfigDict(extra="forbid")
-    model: str = Field(description="the judge's weights: 'tiny', 'embedded', a local HF folder "
-                       "or a run's checkpoint folder (engines that take weights); for "
-                       "engine='openai', the folder (or 'tiny'/'embedded') of the tokenizer "
-                       "the server uses")
-    engine: str = Field("torch", description="the judge's engine (rollout/registry.py): "
-                        "'torch', 'vllm', 'openai' (an OpenAI-compatible URL) or 'module:Class'")
-    engine_options: dict[str, Any] = Field(default_factory=dict, description="the engine's "
-                                           "options, e.g. openai: {base_url = 'http://...'}")
-    prompt: str = Field(DEFAULT_PROMPT, description="the judge's prompt, with {prompt}, "
-                        "{completion} and {answer}; sent as one user message through the "
-                        "judge's chat template (see `chat`)")
-    parse: str = Field("yes_no", description="'yes_no', 'number' or 'regex:<pattern>' "
-                       "(module docstring)")
-    score_range: tuple[float, float] | None = Field(None, description="[lo, hi]: a parsed "
-                                                    "score outside is a failure")
-    max_tokens: int = Field(16, ge=1, description="tokens the judge may write")
-    temperature: float = Field(0.0, ge=0, description="the judge's sampling temperature "
-                               "(0: greedy)")
-    timeout_s: float = Field(120.0, gt=0, description="seconds one batched judge call may "
-                             "take; past it every sample of the call failed")
-    on_failure: str = Field("error", description="what a failed or unparseable judgement "
-                            "counts as: 'error' (stop the run), 'score:<x>' (reward x) or "
-                            "'drop' (leave the sample's group out of training)")
-    chat: bool = Field(True, description="render the prompt with the judge tokenizer's chat "
-                       "template (False: the raw text)")
-    seed: int = Field(0, description="seed of the judge's sampling (temperature > 0)")
-    dtype: Literal["auto", "bfloat16", "float32"] = Field(
-        "auto", description="dtype of the judge engine's weights (as model.engine_dtype)")
-
-    @field_validator("prompt")
-    @classmethod
-    def _template(cls, v: str) -> str:
-        try:
-            names = [f for _, f, _, _ in string.Formatter().parse(v) if f is not None]
-        except ValueError as e:
-            raise ValueError(f"task.judge.prompt is not a valid template ({e}); write literal "
-                             "braces as {{ and }}") from None
-        bad = [n for n in names if n not in FIELDS]
-        if bad:
-            raise ValueError(f"task.judge.prompt names {bad}; it may use only {{prompt}}, "
-                             "{completion} and {answer} (write literal braces as {{ and }})")
-        if "completion" not in names:
-            raise ValueError("task.judge.prompt has no {completion}: the judge would not see "
-                             "what it judges; add {completion} to the template")
-        return v
-
-    @field_validator("parse")
-    @classmethod
-    def _rule(cls, v: str) -> str:
-        if v in ("yes_no", "number"):
-            return v
-        if v.startswith("regex:"):
-            try:
-                re.compile(v[len("regex:"):])
-            except re.error as e:
-                raise ValueError(f"task.judge.parse {v!r}: the pattern does not compile ({e})"
-                                 ) from None
-            return v
-        raise ValueError(f"task.judge.parse={v!r}: use 'yes_no', 'number' or "
-                         "'regex:<pattern>' (e.g. 'regex:Score: (\\d+)')")
-
-    @field_validator("on_failure")
-    @classmethod
-    def _policy(cls, v: str) -> str:
-        if v in ("error", "drop"):
-            return v
-        if v.startswith("score:"):
-            try:
-                x = float(v[len("score:"):])
-            except ValueError:
-                x = math.nan
-            if math.isfinite(x):
-                return v
-        raise ValueError(f"task.judge.on_failure={v!r}: use 'error', 'drop' or 'score:<x>' "
-                         "with a finite number x (e.g. 'score:0')")
-
-    @model_validator(mode="after")
-    def _engine(self) -> JudgeConfig:
-        from traingym.rollout import registry
-
-        try:
-            registry.options(self.engine, self.engine_options)
-        except ValueError as e:
-            raise ValueError(str(e).replace("rollout.engine_options",
-                                            "task.judge.engine_options")) from None
-        if self.score_range is not None and not self.score_range[0] < self.score_range[1]:
-            raise ValueError(f"task.judge.score_range={list(self.score_range)}: lo must be "
-                             "below hi")
-        return self
-
-
-def parse_score(rule: str, text: str) -> float:
-    """The score `rule` reads from the judge's answer `text`; ParseFailure says why not."""
-    if rule == "yes_no":
-        m = _YES_NO.search(text)
-        if m is None:
-            raise ParseFailure(f"no 'yes' or 'no' in the answer {text[:80]!r}")
-        return 1.0 if m.group(1).lower() == "yes" else 0.0
-    if rule == "number":
-        m = _NUMBER.search(text)
-        if m is None:
-            raise ParseFailure(f"no number in the answer {text[:80]!r}")
-        return float(m.group())
-    pattern = rule[len("regex:"):]
-    m = re.search(pattern, text)
-    if m is None:
-        raise ParseFailure(f"pattern {pattern!r} does not match the answer {text[:80]!r}")
-    found = m.group(1) if m.groups() else m.group()
-    try:
-        value = float(found)
-    except (TypeError, ValueError):
-        raise ParseFailure(f"pattern {pattern!r} matched {found!r}, which is not a number"
-                           ) from None
-    if not math.isfinite(value):
-        raise ParseFailure(f"pattern {pattern!r} matched {found!r}, not a finite number")
-    return value
 
 
 def prompt_text(example: dict[str, Any]) -> str:
@@ -196,7 +69,7 @@ def prompt_text(example: dict[str, Any]) -> str:
 
 
 def judge_prompt(cfg: JudgeConfig, example: dict[str, Any], completion: str) -> str:
-    if "{answer}" in cfg.prompt.replace("{{", "").replace("}}", "") and "answer" not in example:
+    if "answer" in template_fields(cfg.prompt) and "answer" not in example:
         raise JudgeError(f"task.judge.prompt uses {{answer}} but the row {example!r:.200} has "
                          "no 'answer' (map a column with task.columns.answer, or drop {answer} "
                          "from the template)")
@@ -326,19 +199,20 @@ def build_judge(cfg: JudgeConfig) -> Judge:
 
 
 def outcome(cfg: JudgeConfig, verdict: Verdict, example: dict[str, Any],
-            completion: str) -> tuple[float, dict[str, Any]]:
-    """(reward, step info) for one verdict under `cfg.on_failure`; JudgeError for 'error'."""
+            completion: str) -> tuple[float, dict[str, Any], str | None]:
+    """(reward, step info, drop reason) for one verdict under `cfg.on_failure`; JudgeError for
+    'error'."""
     if verdict.failure is None:
-        return verdict.score, {"judge": verdict.record(verdict.score)}
+        return verdict.score, {"judge": verdict.record(verdict.score)}, None
     if cfg.on_failure == "error":
         raise JudgeError(f"the judge failed on a sample ({verdict.failure})\n  example: "
                          f"{example!r:.300}\n  completion: {completion!r:.300}\n  judge answer: "
                          f"{verdict.answer!r:.300}\nfix the judge, or set task.judge.on_failure "
                          "to 'score:<x>' or 'drop' to go on past failed judgements")
     if cfg.on_failure == "drop":
-        return 0.0, {"judge": verdict.record(None), "drop": f"judge: {verdict.failure}"}
+        return 0.0, {"judge": verdict.record(None)}, f"judge: {verdict.failure}"
     x = float(cfg.on_failure[len("score:"):])
-    return x, {"judge": verdict.record(x)}
+    return x, {"judge": verdict.record(x)}, None
 
 
 class JudgeEnv:
@@ -368,8 +242,8 @@ class JudgeEnv:
             ("judge", self.cfg.model_dump_json()), lambda: build_judge(self.cfg),
             lambda j: j.close())
         verdict = await judge.judge(judge_prompt(self.cfg, self.example, text))
-        reward, info = outcome(self.cfg, verdict, self.example, text)
-        return StepResult(reward=reward, done=True, info=info)
+        reward, info, drop = outcome(self.cfg, verdict, self.example, text)
+        return StepResult(reward=reward, done=True, info=info, drop=drop)
 
 
 @dataclass

@@ -68,6 +68,8 @@ class RunLog:
             out["tool_calls"] = calls
         if s.env_info:
             out["env_info"] = s.env_info
+        if s.drop_reason:
+            out["dropped"] = s.drop_reason
         return out
 
     def split_turns(self, s: Sample) -> list[dict[str, str]]:

@@ -49,7 +49,8 @@ def F(name, type, meaning, required=False):
 STEP_FIELDS = [
     F("schema", "int", "schema version of this record (SCHEMA_VERSION)", True),
     F("step", "int", "steps done after this one (1-based); 0 in SFT records", True),
-    F("reward_mean", "float", "mean reward over every sample of the step", True),
+    F("reward_mean", "float", "mean reward over the step's samples not dropped (NaN when "
+      "every one was)", True),
     F("reward_std", "float", "population std of those rewards", True),
     F("loss", "float", "the algorithm's loss, mean over micro-batches", True),
     F("kl", "float", "KL estimate to the reference policy (0 without one)", True),
@@ -135,8 +136,11 @@ SAMPLE_FIELDS = [
       "none"),
     F("env_info", "list", "per environment step that reported any, the JSON-safe part of "
       "StepResult.info (a code env's sandbox verdict: status, details; an LLM judge's "
-      "{'judge': {prompt, answer, score, failure, reward, batch}} and, for a failed judgement "
-      "under on_failure='drop', 'drop': the reason, envs/judge.py); absent when none"),
+      "{'judge': {prompt, answer, score, failure, reward, batch}}, envs/judge.py); absent "
+      "when none"),
+    F("dropped", "str", "why the sample is neither trained on nor counted (StepResult.drop: "
+      "a judge that failed under on_failure='drop'; its reward is a placeholder); absent when "
+      "not dropped"),
 ]
 
 
