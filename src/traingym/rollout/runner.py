@@ -84,6 +84,7 @@ class _Episode:
     reward: float = 0.0
     finish: str | None = None
     infos: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # json_safe(info)
+    drop: str | None = None  # a step's StepResult.drop: the reward is unknown
 
 
 class RolloutRunner:
@@ -198,6 +199,8 @@ class RolloutRunner:
         ep.reward += float(r)
         if result.info:
             ep.infos.append(json_safe(result.info))
+        if result.drop:
+            ep.drop = ep.drop or str(result.drop)
         if result.done:
             ep.finish = completion.finish_reason
             return False
@@ -223,6 +226,7 @@ class RolloutRunner:
                                            ep.reward) for ep in episodes]
         for sample, ep in zip(samples, episodes):
             sample.env_info = [i for i in ep.infos if i]
+            sample.drop_reason = ep.drop
         if self.group_reward is not None:
             for sample, value in zip(samples, score_group(self.group_reward, samples)):
                 sample.reward = value
