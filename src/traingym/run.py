@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import random
 import statistics
@@ -305,13 +306,13 @@ class Run:
         raise RunPreempted(self.preemption.requested, step + 1, self.run_dir)
 
     def step_metrics(self, step, groups, batch, train_metrics, seconds, saved) -> dict:
-        rewards = [s.reward for g in groups for s in g.samples]
+        rewards = [s.reward for g in groups for s in g.samples if not s.drop_reason]
         lengths = [sum(s.loss_mask) for g in groups for s in g.samples]  # policy tokens
         gen_tokens = sum(lengths)
         return {
             "step": step + 1,
-            "reward_mean": statistics.fmean(rewards),
-            "reward_std": statistics.pstdev(rewards),
+            "reward_mean": statistics.fmean(rewards) if rewards else math.nan,
+            "reward_std": statistics.pstdev(rewards) if rewards else math.nan,
             **train_metrics,
             "completion_len_mean": statistics.fmean(lengths),
             "completion_len_max": max(lengths),
