@@ -76,7 +76,8 @@ def test_harbor_task_trains_and_evaluates(tmp_path):
         assert "Write a Python function `add(a, b)`" in s["prompt"]
         (info,) = s["env_info"]
         assert info["harbor_task"] == "add-numbers"
-        assert info["status"] in ("scored", "killed", "no_reward_file", "bad_reward_file")
+        # test.sh writes reward.txt whatever pytest says: every answer is scored
+        assert info["status"] == "scored", info
         assert s["reward"] in (0.0, 1.0)
     assert "after" in result.eval
     # one task folder: the evaluation measures the training task on purpose
@@ -156,3 +157,50 @@ def test_task_image_and_limits_come_from_the_folder(tmp_path):
     assert (task.verifier_limits.wall_s, task.agent_limits.wall_s) == (12.5, 7.0)
     assert task.verifier_limits.memory_bytes == 300 << 20
     assert [r["id"] for r in task_rows(tmp_path / "tasks")] == ["t1"]
+
+
+def test_symlinks_out_of_the_task_folder_are_refused(tmp_path):
+    import shutil
+
+    from traingym.envs.harbor import HarborTaskError, load_task
+
+    outside = tmp_path / "secret.txt"
+    outside.write_text("host secret")
+    for i, rel in enumerate(("tests/secret.txt", "instruction.md",
+                             "environment/requirements.txt", "solution")):
+        task = tmp_path / f"t{i}"
+        shutil.copytree(TASK, task)
+        target = task / rel
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(outside if rel != "solution" else tmp_path)
+        with pytest.raises(HarborTaskError, match=f"{rel} is a symlink to .*outside the task"):
+            load_task(str(task))
+    inside = tmp_path / "ok"
+    shutil.copytree(TASK, inside)
+    (inside / "tests" / "again.py").symlink_to(inside / "tests" / "test_outputs.py")
+    assert "again.py" in {rel for rel, _ in load_task(str(inside)).tests}
+
+
+def test_ray_sandbox_workers_refuse_harbor_tasks_as_images():
+    """Harbor's pool is code_env.pool_for with links: the same refusal as an image."""
+    from traingym.envs.code_env import GRADING_LIMITS, pool_for
+    from traingym.envs.harbor import LINKS
+    from traingym.envs.resources import RunResources
+
+    class Workers:
+        def pool(self, backend, limits):
+            return "remote pool"
+
+    async def main():
+        async with RunResources(sandboxes=Workers()):
+            assert pool_for("bwrap", GRADING_LIMITS) == "remote pool"
+            for kwargs in ({"links": LINKS}, {"image": {"requirements": ["pytest"]}}):
+                with pytest.raises(ValueError, match="images and links .* not supported on "
+                                                     "Ray sandbox workers"):
+                    pool_for("bwrap", GRADING_LIMITS, **kwargs)
+
+    asyncio.run(main())

@@ -34,19 +34,25 @@ GRADING_LIMITS = Limits(cpu_s=2, wall_s=5, memory_bytes=256 << 20, processes=16,
                         file_bytes=1 << 20, output_bytes=256 << 10)
 
 
-def pool_for(backend: str, limits: Limits, image: ImageSpec | None = None) -> SandboxPool:
-    """The current run's pool for this event loop, backend, limits and image; when the run's
-    sandboxes run on sandbox workers (a Ray cluster), their client's pool instead."""
+def pool_for(backend: str, limits: Limits, image: ImageSpec | None = None,
+             links: tuple[tuple[str, str], ...] = ()) -> SandboxPool:
+    """The current run's pool for this event loop, backend, limits, image and sandbox `links`
+    (bwrap: top-level paths into the sandbox, as Harbor's /app; envs/harbor.py); when the run's
+    sandboxes run on sandbox workers (a Ray cluster), their client's pool instead (neither
+    images nor links there yet: a ValueError)."""
     resources = current()
     image = ImageSpec.parse(image)
+    links = tuple(links)
     if resources.sandboxes is not None:
-        if not image.empty:
-            raise ValueError("sandbox images are not supported on Ray sandbox workers yet "
-                             "(cluster.sandbox_workers); drop the image or the workers")
+        if not image.empty or links:
+            raise ValueError("sandbox images and links (Harbor tasks) are not supported on Ray "
+                             "sandbox workers yet (cluster.sandbox_workers); drop the image "
+                             "(or the Harbor task) or the workers")
         return resources.sandboxes.pool(backend, limits)
+    options = {"image": image, **({"links": links} if links else {})}
     return resources.keep_on_loop(
-        ("code_env.pool", backend, limits, image),
-        lambda: SandboxPool(lambda: open_sandbox(backend, limits, image=image), min_ready=2,
+        ("code_env.pool", backend, limits, image, links),
+        lambda: SandboxPool(lambda: open_sandbox(backend, limits, **options), min_ready=2,
                             max_size=8),
         SandboxPool.close)
 

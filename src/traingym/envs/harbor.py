@@ -32,6 +32,12 @@ Rows: `task.dataset = "harbor:<folder>"` (a task folder, or a folder of task fol
 row per task {prompt: instruction, harbor_task: its path, id: its name}; `task.env = "harbor"`.
 `check_task(folder)` runs the oracle (solve.sh as the answer) and returns its verdict.
 
+A task folder is trusted code, like a Dockerfile: its requirements (environment/
+requirements.txt, [traingym] requirements) are installed by pip on the host when its image is
+built (sandbox/images.py; a package's build scripts run there, outside any sandbox), and its
+tests/test.sh decides the reward. Run only task folders you would run yourself. A symlink in
+the folder that resolves outside it is refused (check_links).
+
 Trust model (Harbor's, not code_grader.py's): the task's tests run the model's code in their own
 process, so model code can forge a verdict (os._exit(0) under pytest, writing the reward file).
 What is kept out of reach: the reference solution; the tests during the agent phase; test.sh
@@ -50,18 +56,18 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from traingym.envs.code_env import pool_for
 from traingym.envs.render import PromptRenderer
-from traingym.envs.resources import current
-from traingym.sandbox import Limits, open_sandbox
+from traingym.sandbox import Limits
 from traingym.sandbox.base import MiB
 from traingym.sandbox.images import ImageSpec
-from traingym.sandbox.pool import SandboxPool
 from traingym.types import Completion, Observation, StepResult
 
 LINKS = (("/app", "/sandbox/app"), ("/tests", "/sandbox/tests"), ("/logs", "/sandbox/logs"))
@@ -111,10 +117,24 @@ def _seconds(table: dict, where: str, default: float) -> float:
     return float(value)
 
 
+def check_links(root: Path) -> None:
+    """Refuse a symlink anywhere in the task folder that resolves outside it (tests/ copied
+    into the sandbox, instruction.md, environment/requirements.txt... would read host files)."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath, name)
+            if p.is_symlink() and not p.resolve().is_relative_to(root):
+                raise HarborTaskError(f"Harbor task {root}: {p.relative_to(root)} is a symlink "
+                                      f"to {p.resolve()}, outside the task folder; a task "
+                                      "folder must hold its own files (copy them in)")
+
+
 @functools.lru_cache(maxsize=256)
 def load_task(folder: str) -> HarborTask:
     """Read and check one task folder (cached per path)."""
     root = Path(folder).resolve()
+    if root.is_dir():
+        check_links(root)
     for need in ("instruction.md", "task.toml", "tests/test.sh"):
         if not (root / need).is_file():
             raise HarborTaskError(f"Harbor task {root}: {need} is missing (a task folder holds "
@@ -191,15 +211,6 @@ def answer_text(text: str) -> str:
     return (m.group(1) if m else text).strip("\n") + "\n"
 
 
-def pool_for(image: ImageSpec) -> SandboxPool:
-    """The run's pool of bwrap sandboxes with Harbor's paths, for this image."""
-    return current().keep_on_loop(
-        ("harbor.pool", image),
-        lambda: SandboxPool(lambda: open_sandbox("bwrap", Limits(), image=image, links=LINKS),
-                            min_ready=1, max_size=8),
-        SandboxPool.close)
-
-
 @dataclass
 class Verdict:
     reward: float
@@ -235,7 +246,7 @@ async def run_task(task: HarborTask, answer: str, as_script: bool) -> Verdict:
     """Run `answer` (a script, or the answer file's contents) and then the task's tests, in one
     sandbox session; judge the reward files on the host."""
     details = []
-    async with pool_for(task.image).session() as sandbox:
+    async with pool_for("bwrap", Limits(), task.image, LINKS).session() as sandbox:
         files = {}
         if as_script:
             r = await sandbox.exec(["bash", "-c", PREPARE + 'exec bash -c "$1"', "agent", answer],
