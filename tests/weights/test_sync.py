@@ -154,3 +154,35 @@ def test_dead_sender_raises_on_receive():
     sender.close()
     with pytest.raises(PeerDead):
         r.receive(5.0)
+
+
+def test_a_forgotten_chain_makes_anchors_on_demand(states):
+    """forget_chain keeps no frames; a receiver that needs an anchor later (a late joiner,
+    or one whose state is suspect) gets a fresh one of the newest version from the
+    publisher's shadow, and every subscriber then follows the deltas after it."""
+    sender = InprocSender(InprocConfig(name="t-forget"))
+    pub = Publisher(sender, PublisherConfig(codec="delta", anchor_budget=100.0))
+    first = Subscriber(InprocReceiver(InprocConfig(name="t-forget")))
+    pub.publish(states[0], 0)
+    assert first.poll(1.0)
+    sender.forget_chain(pub.reanchor)
+    assert sender.hub.chain._frames == []
+    assert sender.hub.chain.since(first.hash) == []  # up to date: nothing to send
+    pub.publish(states[1], 1)
+    assert first.poll(1.0) and first.version == 1 and _equal(first.state, states[1])
+    sender.forget_chain(pub.reanchor)
+    pub.publish(states[2], 2)  # kept: a receiver at version 1 can still take it
+    late = Subscriber(InprocReceiver(InprocConfig(name="t-forget")))
+    late._ask()  # holds nothing: resync(None) -> an anchor of version 2, made now
+    assert late.poll(1.0) and late.version == 2 and late.stats.anchors == 1
+    assert _equal(late.state, states[2])
+    assert first.poll(1.0) and first.version == 2  # the delta to 2, not the new anchor
+    assert first.hash != late.hash  # the chain was renamed from the fresh anchor on
+    pub.publish(states[3], 3)
+    assert late.poll(1.0) and late.version == 3 and _equal(late.state, states[3])
+    # 3 is based on the renamed 2: refused; it asks, and its hash is no longer on the
+    # chain: the fresh anchor of 2 (same version, new name), then 3
+    assert not first.poll(1.0) and first.stats.refused == 1
+    first.wait_for(3, 2.0)
+    assert first.stats.anchors == 2
+    assert first.hash == late.hash and _equal(first.state, states[3])

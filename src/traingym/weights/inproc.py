@@ -2,7 +2,9 @@
 
 Covered: fan-out to any number of receivers, late joiners (they get the chain at once),
 resync, a bounded queue per receiver (past `max_pending` it is cleared, and the receiver
-resyncs on the next delta it cannot apply), and PeerDead once the sender closed.
+resyncs on the next delta it cannot apply), PeerDead once the sender closed, and a chain
+that keeps no frames once its receivers are up to date (`forget_chain`: an anchor is then
+made on demand).
 Not covered: anything across processes (use shm, tcp, filesystem or dist).
 """
 
@@ -54,6 +56,13 @@ class InprocSender:
             for r in self.hub.receivers:
                 r._push(payload)
             self.hub.lock.notify_all()
+
+    def forget_chain(self, source) -> None:
+        """Keep no frames (Chain.forget): a receiver that needs an anchor later gets
+        `source()`, a fresh one of the newest version. For a sender whose receivers are up
+        to date (the colocated sync calls it once its subscriber holds the version)."""
+        with self.hub.lock:
+            self.hub.chain.forget(source)
 
     def close(self) -> None:
         with self.hub.lock:

@@ -21,7 +21,8 @@ state before every delta instead, today's cost of two passes over the state per 
 
 The subscriber checks the payload's body hash before touching any weight, refuses a delta
 whose base hash is not its own, applies it, and marks itself servable only when its hash
-matches the target hash. On any failure it asks the transport to resync (the deltas after
+matches the target hash. It skips updates to versions it holds, except an anchor of its
+version under another name (a chain renamed by `Publisher.reanchor`, whose deltas follow). On any failure it asks the transport to resync (the deltas after
 its hash, or the last anchor and what followed) and keeps refusing until a consistent
 update arrives.
 
@@ -55,28 +56,50 @@ from traingym.weights.hashing import bits, state_hash
 
 
 class Chain:
-    """The last anchor and the deltas since: what a late or broken receiver needs."""
+    """The last anchor and the deltas since: what a late or broken receiver needs.
+
+    `forget(source)` drops the frames held (an in-process sender whose one receiver is up to
+    date keeps no copy of the model for it): until the next anchor, a request the deltas
+    added since cannot answer gets `source()`, a fresh anchor of the newest version (the
+    publisher's `reanchor`), made in the asking thread."""
 
     def __init__(self) -> None:
         self._frames: list[Payload] = []
+        self._head: str | None = None  # the target hash of the last frame added
+        self._source: Callable[[], Payload | None] | None = None
         self._lock = threading.Lock()
 
     def add(self, p: Payload) -> None:
         with self._lock:
             if p.is_anchor:
-                self._frames = [p]
-            elif not self._frames:
+                self._frames, self._source = [p], None
+            elif not self._frames and self._source is None:
                 raise ValueError("the first update on a chain must be an anchor (full)")
             else:
                 self._frames = [*self._frames, p]
+            self._head = p.header.target_hash
+
+    def forget(self, source: Callable[[], Payload | None]) -> None:
+        with self._lock:
+            self._frames, self._source = [], source
 
     def since(self, have_hash: str | None) -> list[Payload]:
         with self._lock:
             frames = self._frames
-        for i, p in enumerate(frames):
-            if have_hash is not None and p.header.target_hash == have_hash:
-                return frames[i + 1 :]
-        return list(frames)
+            if have_hash is not None and have_hash == self._head:
+                return []
+            for i, p in enumerate(frames):
+                if have_hash is not None and p.header.target_hash == have_hash:
+                    return frames[i + 1 :]
+            if self._source is None:
+                return list(frames)
+            if frames and have_hash is not None and frames[0].header.base_hash == have_hash:
+                return list(frames)  # the deltas added since `forget` start from that hash
+            anchor = self._source()
+            if anchor is None:
+                return []
+            self._frames, self._source, self._head = [anchor], None, anchor.header.target_hash
+            return [anchor]
 
 
 @dataclass(frozen=True)
@@ -205,6 +228,22 @@ class Publisher:
         return PublishStats(version, header.codec, payload.nbytes, full_bytes, changed,
                             encode_s, send_s, reason, phases)
 
+    def reanchor(self) -> Payload | None:
+        """A fresh anchor of the last published version, from the shadow (a copy of it), for
+        a chain that forgot its frames (Chain.forget); the chain's names start from it, so
+        the next delta's base is this anchor. None when there is no shadow (after a failed
+        send: the next publish sends an anchor). Not thread-safe against `publish`."""
+        if self._shadow is None:
+            return None
+        payload = self.full.encode(None, self._shadow)
+        target_hash = state_hash(self._shadow)
+        header = dataclasses.replace(payload.header, target_version=self.version,
+                                     target_hash=target_hash)
+        self._since_anchor, self._deltas = 0, 0
+        self._anchor_hash, self._sum = target_hash, lthash.zero()
+        self.hash = target_hash
+        return seal(Payload(header, payload.buffers))
+
     def full_hash(self) -> str | None:
         """The xxh3 state hash of the last published version (a pass over the state)."""
         return None if self._shadow is None else state_hash(self._shadow)
@@ -307,7 +346,9 @@ class Subscriber:
             self._ask()
             return False
         h = p.header
-        if self.valid and h.target_version <= self.version:
+        renamed = h.codec == "full" and h.target_hash != self.hash  # Publisher.reanchor
+        if self.valid and (h.target_version < self.version
+                           or h.target_version == self.version and not renamed):
             self.stats.skipped += 1
             return False
         if h.codec == "delta" and (not self.valid or h.base_hash != self.hash):
