@@ -187,10 +187,23 @@ def test_resumed_run_starts_with_an_anchor(tmp_path):
     assert [e["sync_codec"] for e in events[2:]] == ["delta", "delta"]
 
 
-def test_trainer_and_engine_do_not_share_weights(tmp_path):
-    w = Watched(_cfg(), tmp_path / "run")
-    trainer = {t.data_ptr() for t in w.run.trainer.export().values()}
-    engine = {t.data_ptr() for t in w.run.engine.model.state_dict().values()}
-    sub = {t.data_ptr() for t in w.run.weights.subscriber.state.values()}
+@pytest.mark.parametrize("engine_dtype", ["float32", "bfloat16"])
+def test_trainer_and_engine_do_not_share_weights(tmp_path, engine_dtype):
+    """The engine never serves the trainer's tensors (an optimizer step must not change
+    what it generates with); the subscriber applies into the engine's own tensors (no
+    verified copy beside them), and the inproc chain keeps no frames once it holds the
+    version: the sync's only copy of the model is the publisher's shadow."""
+    w = Watched(_cfg(engine_dtype=engine_dtype), tmp_path / "run")
+    trainer = {t.untyped_storage().data_ptr() for t in w.run.trainer.export().values()}
+    engine = {t.untyped_storage().data_ptr() for t in w.run.engine.model.state_dict().values()}
+    sub = {t.untyped_storage().data_ptr() for t in w.run.weights.subscriber.state.values()}
+    shadow = {t.untyped_storage().data_ptr() for t in w.run.weights.publisher._shadow.values()}
+    assert w.run.weights.in_place and sub <= engine
+    assert not trainer & engine and not trainer & sub and not shadow & (engine | trainer)
+    assert w.run.weights.sender.hub.chain._frames == []
+    before = w.engine_hash()
+    with torch.no_grad():  # the trainer's masters move; the engine's weights do not
+        for t in w.run.trainer.export().values():
+            t.add_(1.0)
+    assert w.engine_hash() == before
     w.run.close()
-    assert not trainer & engine and not engine & sub and not trainer & sub

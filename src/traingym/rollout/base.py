@@ -17,6 +17,10 @@ Face model's `state_dict()` (a tied tensor may appear once, under its first name
 order: weights/colocated.py wire_state). The engine serves exactly those weights as policy
 `version` once it returns. Delta decoding and verification happen before the engine sees
 anything, so an engine never applies bytes that did not match the hash.
+Optional (not in the protocol below): `writable_state() -> dict[str, Tensor]`, the engine's own
+tensors named as the wire sends them, for a subscriber in the same process to apply updates
+into in place (weights/colocated.py; the built-in engine has it). `update_weights` then gets
+those same tensors, already written and verified, and only starts serving them.
 
 Contract of `async score(prompts, completions, temperature) -> list[list[float]]` (only engines
 with `abilities.scores_tokens`; not in the protocol below): for each row, the log-prob

@@ -164,6 +164,15 @@ class TorchEngine:
                 out[i] = row[: len(completions[i])]
         return out
 
+    def writable_state(self) -> dict[str, torch.Tensor]:
+        """The model's own tensors as the wire names them (weights/colocated.py wire_views:
+        a tied tensor once), for a weight subscriber in this process to apply verified
+        updates into in place (no copy of the model beside the engine's); the engine serves
+        them as a version once `update_weights` is called with them."""
+        from traingym.weights.colocated import wire_views
+
+        return wire_views(self.model.state_dict())
+
     def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         own = self.model.state_dict()  # tensors share storage with the model's parameters
         unknown = sorted(set(state) - set(own))
@@ -171,6 +180,10 @@ class TorchEngine:
             raise KeyError(f"update_weights: the engine's model has no tensors {unknown[:5]}")
         with torch.no_grad():
             for name, tensor in state.items():
+                o = own[name]
+                if (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype) == \
+                        (o.data_ptr(), o.shape, o.stride(), o.dtype):
+                    continue  # written in place already (writable_state)
                 own[name].copy_(tensor)
         if self.fused is not None:
             self.fused.refresh()

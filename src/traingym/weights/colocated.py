@@ -11,12 +11,23 @@ one process, over a real codec and transport (sync.py).
 3. the subscriber receives, checks the payload's body hash and base hash, applies, checks
    the target hash (from the applied changes for a delta, sync.py), and resyncs from the
    chain on any fault, until it holds `version`;
-4. only then the engine copies the verified tensors into its own model (`update_weights`).
-The engine's model is separate from the trainer's and is written only with verified weights.
-Memory beside the engine's copy, in engine-dtype copies of the model (269 MB for the 135M
-default): the publisher's shadow (1), the subscriber's state (1), and the transport's chain
-for resyncs, the last anchor plus the deltas since (at most 1 + anchor_budget; on disk for
-filesystem, which also keeps the previous chain until the next anchor).
+4. only then the engine serves it (`update_weights`).
+Where the engine offers its own tensors (`writable_state`, the built-in engine) and they are
+what the publisher sends (names, dtype, shapes), the subscriber applies into them in place:
+no verified copy beside the engine's. They are written before the target hash is checked, so
+between the apply and the check they may hold an unverified state; the engine does not
+generate then (publish runs between generations and returns only with the version verified,
+after a resync if need be, or raises). Other engines (LoRA adapters, vLLM) get the
+subscriber's own verified copy. Either way the engine's tensors are never the trainer's:
+the publisher casts the trainer's tensors into its own (a same-dtype cast copies), so
+the trainer's optimizer step never changes what the engine serves.
+Memory beside the engine's copy, in engine-dtype copies of the model (538 MB for the 135M
+default in fp32): the publisher's shadow (1; needed to find the changes); the subscriber's
+state (0 in place, else 1); the transport's chain for resyncs: with inproc, nothing once the
+subscriber holds the version (`forget_chain`: an anchor it needs later is made from the
+publisher's shadow on demand, a transient copy), else the last anchor plus the deltas
+since (at most 1 + anchor_budget; on disk for filesystem, which also keeps the previous
+chain until the next anchor). An anchor's send holds one more transient copy (its payload).
 
 Transports: any the loop can select in the registry (registry.py): inproc (handed over in
 memory), shm (/dev/shm, removed on close), tcp (loopback sockets, a free port), filesystem
@@ -80,6 +91,9 @@ class ColocatedSync:
                                                registry.SyncContext(scratch_dir, self.tag))
         self.publisher = Publisher(self.sender, PublisherConfig(cfg.codec, cfg.anchor_budget))
         self.subscriber = Subscriber(transport.receiver(tc))
+        own = getattr(engine, "writable_state", None)
+        self._own: State | None = own() if callable(own) else None
+        self.in_place = False  # the subscriber applies into the engine's own tensors
         self.last: dict = {}
         # Shared memory outlives the process: remove it at exit even if close() is never called.
         self._cleanup = weakref.finalize(self, _remove, scratch_dir, transport.owned(self.sender))
@@ -93,6 +107,8 @@ class ColocatedSync:
         t0 = time.perf_counter()
         wire = wire_views(state)  # cast by the publisher, in the pass that finds the changes
         t1 = time.perf_counter()
+        if self.subscriber.version is None and self._own is not None:
+            self._adopt_engine_tensors(wire)
         before = dataclasses.replace(self.subscriber.stats)
         stats = self.publisher.publish(wire, version, cast=self.dtype)
         t2 = time.perf_counter()
@@ -100,6 +116,9 @@ class ColocatedSync:
         t3 = time.perf_counter()
         with trace.span("apply", cat="weights", version=version):
             self.engine.update_weights(verified, version)
+        forget = getattr(self.sender, "forget_chain", None)
+        if forget is not None:  # the one receiver holds the version: keep no frames for it
+            forget(self.publisher.reanchor)
         t4 = time.perf_counter()
         after = self.subscriber.stats
         numel = sum(t.numel() for t in wire.values())
@@ -113,6 +132,17 @@ class ColocatedSync:
             "sync_apply_s": t3 - t2, "sync_engine_s": t4 - t3,
         }
         return stats
+
+    def _adopt_engine_tensors(self, wire: State) -> None:
+        """Before the first update: the subscriber writes into the engine's own tensors when
+        they are exactly what is published (names, engine dtype, shapes, contiguous)."""
+        own = self._own
+        fits = set(own) == set(wire) and all(
+            own[k].dtype == self.dtype and own[k].shape == wire[k].shape
+            and own[k].is_contiguous() for k in wire)
+        if fits:
+            self.subscriber = Subscriber(self.subscriber.receiver, state=own)
+        self.in_place, self._own = fits, None
 
     def close(self) -> None:
         self.subscriber.receiver.close()
