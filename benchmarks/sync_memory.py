@@ -203,7 +203,8 @@ def main() -> None:
                               capture_output=True, text=True, env={**os.environ,
                                                                    "OMP_NUM_THREADS": str(args.threads)})
         if proc.returncode != 0:
-            sys.exit(f"{model}: child failed:\n{proc.stderr[-4000:]}")
+            sys.exit(f"{model}: child failed (exit {proc.returncode}; -9: killed, e.g. out of "
+                     f"memory):\n{proc.stderr[-4000:]}")
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         r.update(commit=commit, loadavg=os.getloadavg()[0], label=args.label)
         results["runs"][f"{args.label}/{model}"] = r
