@@ -47,8 +47,6 @@ import asyncio
 import dataclasses
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -59,17 +57,12 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from traingym.procs import NotHealthy, free_port, log_tail, stop_group, wait_healthy
 from traingym.rollout.base import EngineAbilities, EngineUnavailable
 from traingym.rollout.http import HttpClient, split_base_url
 from traingym.types import Completion, GenerationRequest
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _alias_groups(state: dict[str, torch.Tensor]) -> list[list[str]]:
@@ -85,21 +78,6 @@ def _alias_groups(state: dict[str, torch.Tensor]) -> list[list[str]]:
 def default_python() -> str:
     """$TRAINGYM_SGLANG_PYTHON, else the interpreter running traingym."""
     return os.environ.get("TRAINGYM_SGLANG_PYTHON") or sys.executable
-
-
-def _stop(proc: subprocess.Popen | None) -> None:
-    """Stop the server's process group (it starts scheduler and detokenizer processes)."""
-    if proc is None or proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-        except ProcessLookupError:
-            return
 
 
 class SGLangEngine:
@@ -164,7 +142,7 @@ class SGLangEngine:
         if options.url is not None:
             self.base = split_base_url(options.url)
         else:
-            port = options.port or _free_port(options.host)
+            port = options.port or free_port(options.host)
             self.base = f"http://{options.host}:{port}"
         self.http = HttpClient(self.base, "sglang engine", fix="start the SGLang server or fix "
                                "engine_options.url" if options.url else "see the server log at "
@@ -218,34 +196,26 @@ class SGLangEngine:
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, SGLangEngine._release, self.proc, self.dir,
                                            o.weights_dir is None)
-        deadline = time.monotonic() + o.start_timeout_s
-        while True:
-            if self.proc.poll() is not None:
+        try:
+            wait_healthy(self.base + "/health", self.proc, o.start_timeout_s, interval_s=1.0,
+                         probe_s=5.0)
+        except NotHealthy as e:
+            if e.exited is not None:
                 raise EngineUnavailable(f"sglang engine: the server exited with code "
-                                        f"{self.proc.returncode} while starting ({' '.join(cmd)})"
-                                        f"; its log ends:\n{self._log_tail()}")
-            try:
-                self.http.request_sync("GET", "/health", timeout_s=5, retries=0)
-                return
-            except (EngineUnavailable, RuntimeError, ValueError):
-                pass
-            if time.monotonic() > deadline:
-                self.close()
-                raise EngineUnavailable(f"sglang engine: the server did not answer /health "
-                                        f"within {o.start_timeout_s:g} s (raise "
-                                        f"engine_options.start_timeout_s); its log ends:\n"
-                                        f"{self._log_tail()}")
-            time.sleep(1.0)
+                                        f"{e.exited} while starting ({' '.join(cmd)})"
+                                        f"; its log ends:\n{self._log_tail()}") from None
+            self.close()
+            raise EngineUnavailable(f"sglang engine: the server did not answer /health "
+                                    f"within {o.start_timeout_s:g} s (raise "
+                                    f"engine_options.start_timeout_s); its log ends:\n"
+                                    f"{self._log_tail()}") from None
 
     def _log_tail(self, chars: int = 3000) -> str:
-        try:
-            return (self.dir / "server.log").read_text(errors="replace")[-chars:]
-        except OSError:
-            return "(no log)"
+        return log_tail(self.dir / "server.log", chars=chars)
 
     @staticmethod
     def _release(proc, folder: Path, remove: bool) -> None:
-        _stop(proc)
+        stop_group(proc, 30.0, 10.0)  # the server's group: scheduler, detokenizer
         if remove:
             shutil.rmtree(folder, ignore_errors=True)
 

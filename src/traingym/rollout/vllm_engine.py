@@ -38,7 +38,6 @@ import json
 import os
 import select
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -51,6 +50,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from traingym.precision import engine_dtype
+from traingym.procs import log_tail, stop_group
 from traingym.rollout.base import EngineAbilities, EngineUnavailable
 from traingym.types import Completion, GenerationRequest
 
@@ -211,7 +211,7 @@ class VLLMEngine:
         return reply
 
     def _unavailable(self, what: str) -> EngineUnavailable:
-        tail = _tail(self.log_path)
+        tail = log_tail(self.log_path, lines=25)
         fix = (f"run `{SETUP}`" if "No module named 'vllm'" in tail else
                "the log names the cause; the model folder must hold a causal LM that vLLM "
                "supports, and a CPU needs free memory for kv_cache_gb")
@@ -365,22 +365,6 @@ def _aliases(state: dict[str, torch.Tensor]) -> dict[str, list[str]]:
 
 
 def _stop(proc: subprocess.Popen | None, work_dir: Path | None) -> None:
-    if proc is not None and proc.poll() is None:
-        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(proc.pid, sig)  # its own session: the worker and anything it started
-                proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-            except ProcessLookupError:
-                break
+    stop_group(proc, 5.0, 5.0)  # its own session: the worker and anything it started
     if work_dir is not None:
         shutil.rmtree(work_dir, ignore_errors=True)
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
