@@ -215,8 +215,8 @@ def main() -> None:
               f"{r['fused_extra_bytes_per_param']:.2f} B/param", flush=True)
         import shutil
         shutil.rmtree(run_dir, ignore_errors=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1) + "\n")
+        out.parent.mkdir(parents=True, exist_ok=True)  # after each model: a later one may fail
+        out.write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":
