@@ -83,9 +83,15 @@ def token_parity(sample) -> float:
 
 
 def _storages(tensors) -> dict[int, int]:
+    """Bytes per storage (tensors sharing one are counted once); a tensor whose storage cannot
+    be read (an opaque one, e.g. a oneDNN-packed weight) counts alone, by its elements."""
     out = {}
     for t in tensors:
-        s = t.untyped_storage()
+        try:
+            s = t.untyped_storage()
+        except NotImplementedError:
+            out[id(t)] = t.numel() * t.element_size()
+            continue
         out[s.data_ptr()] = s.nbytes()
     return out
 
