@@ -186,3 +186,28 @@ def test_a_forgotten_chain_makes_anchors_on_demand(states):
     first.wait_for(3, 2.0)
     assert first.stats.anchors == 2
     assert first.hash == late.hash and _equal(first.state, states[3])
+
+
+def test_a_step_that_changes_nothing_still_reaches_a_receiver_that_asks(states):
+    """Versions 1 and 2 are equal (no weight moved in the engine's dtype), so both deltas
+    have one name; a receiver at version 1 that asks for what follows its hash (as after a
+    lost link) still gets version 2 and then 3."""
+    sender = InprocSender(InprocConfig(name="t-same"))
+    pub = Publisher(sender, PublisherConfig(codec="delta", anchor_budget=100.0))
+    at1 = Subscriber(InprocReceiver(InprocConfig(name="t-same")))
+    pub.publish(states[0], 0)
+    pub.publish(states[1], 1)
+    at1.wait_for(1, 2.0)
+    h1 = pub.hash
+    pub.publish(states[1], 2)
+    assert pub.hash == h1 == at1.hash
+    pub.publish(states[2], 3)
+    chain = sender.hub.chain
+    assert [p.header.target_version for p in chain.since(h1)] == [2, 3]
+    at1.receiver.resync(at1.hash)  # what it holds, as a reconnecting receiver says
+    at1.wait_for(3, 2.0)
+    assert at1.version == 3 and _equal(at1.state, states[2])
+    sender.forget_chain(pub.reanchor)  # a forgotten chain: its head is what receivers hold
+    assert chain.since(pub.hash) == []
+    pub.publish(states[2], 4)  # again no change: the delta from that hash is sent
+    assert [p.header.target_version for p in chain.since(pub.hash)] == [4]

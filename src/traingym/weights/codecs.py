@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -184,7 +184,9 @@ class _Pool:
             return [fn(x) for x in items]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="weights-codec")
-        return list(self._pool.map(fn, items))
+        futures = [self._pool.submit(fn, x) for x in items]
+        wait(futures)  # all done before any error is raised: none still writes after it
+        return [f.result() for f in futures]
 
 
 @register_codec("full")

@@ -86,15 +86,17 @@ class Chain:
     def since(self, have_hash: str | None) -> list[Payload]:
         with self._lock:
             frames = self._frames
-            if have_hash is not None and have_hash == self._head:
-                return []
-            for i, p in enumerate(frames):
-                if have_hash is not None and p.header.target_hash == have_hash:
+            for i, p in enumerate(frames if have_hash is not None else ()):
+                # a delta from that hash, or the frames after one that reached it (a step
+                # that changes nothing keeps the hash: the versions after it still count)
+                if not p.is_anchor and p.header.base_hash == have_hash:
+                    return frames[i:]
+                if p.header.target_hash == have_hash:
                     return frames[i + 1 :]
+            if have_hash is not None and have_hash == self._head:
+                return []  # up to date with a chain that forgot its frames
             if self._source is None:
                 return list(frames)
-            if frames and have_hash is not None and frames[0].header.base_hash == have_hash:
-                return list(frames)  # the deltas added since `forget` start from that hash
             anchor = self._source()
             if anchor is None:
                 return []
