@@ -29,20 +29,27 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def stop_group(proc: subprocess.Popen | None, term_s: float, kill_s: float) -> None:
-    """SIGTERM the process group of `proc`, wait up to `term_s`; then SIGKILL it, wait up to
-    `kill_s`. Returns at once when `proc` is None or has exited; never waits longer than
-    term_s + kill_s (a process that survives SIGKILL that long is left to the system)."""
-    if proc is None or proc.poll() is not None:
+    """SIGTERM the process group of `proc`, wait up to `term_s` for `proc`; then SIGKILL it,
+    wait up to `kill_s`. Once `proc` has exited (or when it already had), the group gets a
+    SIGKILL too, for members that outlive it (a crashed launcher's workers, a child that
+    ignores SIGTERM). Never waits longer than term_s + kill_s (a process that survives
+    SIGKILL that long is left to the system); returns at once when `proc` is None."""
+    if proc is None:
         return
-    for sig, wait_s in ((signal.SIGTERM, term_s), (signal.SIGKILL, kill_s)):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-        except ProcessLookupError:
-            return
+    if proc.poll() is None:
+        for sig, wait_s in ((signal.SIGTERM, term_s), (signal.SIGKILL, kill_s)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+            except ProcessLookupError:
+                return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # what is left of the group
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def log_tail(path: Path | None, lines: int | None = None, chars: int | None = None,

@@ -50,6 +50,40 @@ def test_stop_group_kills_a_group_that_ignores_sigterm():
     stop_group(None, 0.5, 0.5)
 
 
+LEADER_EXITS = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import os, signal, time; "
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(os.getpid(), flush=True); "
+    "time.sleep(60)"])  # says its pid once it ignores SIGTERM
+time.sleep(60)
+"""
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split()[2] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("leader", ["exits on SIGTERM", "already exited"])
+def test_stop_group_kills_members_that_outlive_the_leader(leader):
+    proc = subprocess.Popen([sys.executable, "-c", LEADER_EXITS], stdout=subprocess.PIPE,
+                            start_new_session=True)
+    child = int(proc.stdout.readline())
+    if leader == "already exited":  # as a crashed launcher leaves its workers
+        proc.kill()
+        proc.wait(5)
+    stop_group(proc, term_s=5.0, kill_s=5.0)
+    assert _gone(child, 5.0), f"the group's child {child} survived its leader's stop"
+
+
 def test_log_tail(tmp_path):
     log = tmp_path / "x.log"
     log.write_text("".join(f"line {i}\n" for i in range(10)))
