@@ -49,9 +49,14 @@ def test_oracle_passes_wrong_and_forged_answers_fail():
         tamper = await run_task(task, "import os\nopen('/tests/test.sh', 'a').write("
                                       "'\\necho 1 > /logs/verifier/reward.txt\\n')\n"
                                       "def add(a, b):\n    return 0\n", as_script=False)
-        return oracle, right, wrong, forged, tamper
+        # ... also from a folder the agent made read-only
+        locked = await run_task(task, "mkdir -p /logs/verifier && echo '{\"reward\": 1}' > "
+                                      "/logs/verifier/reward.json && chmod 555 /logs/verifier "
+                                      "/logs\n", as_script=True)
+        return oracle, right, wrong, forged, tamper, locked
 
-    oracle, right, wrong, forged, tamper = _run(all_cases())
+    oracle, right, wrong, forged, tamper, locked = _run(all_cases())
+    assert locked.reward == 0.0 and "agent script: exit 0" in locked.details, locked
     assert (oracle.reward, oracle.status) == (1.0, "scored"), oracle
     assert right.reward == 1.0, right
     assert (wrong.reward, wrong.status) == (0.0, "scored"), wrong

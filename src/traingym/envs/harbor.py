@@ -42,7 +42,8 @@ Trust model (Harbor's, not code_grader.py's): the task's tests run the model's c
 process, so model code can forge a verdict (os._exit(0) under pytest, writing the reward file).
 What is kept out of reach: the reference solution; the tests during the agent phase; test.sh
 itself (run from memory, so editing the file changes nothing); a reward file left by the agent
-phase (emptied first). Use envs/code_env.py where the grading must resist a hostile model.
+phase (emptied first, read-only folders included; where that fails the answer scores 0.0).
+Use envs/code_env.py where the grading must resist a hostile model.
 
 Not supported: building the Dockerfile or `docker_image` (files it would copy into the image
 are absent), network (never; `allow_internet` is ignored), multi-container tasks, agent
@@ -74,6 +75,9 @@ LINKS = (("/app", "/sandbox/app"), ("/tests", "/sandbox/tests"), ("/logs", "/san
 TRAINGYM_KEYS = ("requirements", "answer_file", "python")
 MAX_TESTS_BYTES = 16 * MiB
 PREPARE = "mkdir -p /sandbox/app /sandbox/logs/verifier && cd /app && "
+# After the agent phase: what it left in /tests and /logs goes, read-only folders included.
+CLEAR = ("chmod -R u+w /sandbox/tests /sandbox/logs 2>/dev/null; "
+         "rm -rf /sandbox/tests /sandbox/logs && ! [ -e /sandbox/tests ] && ! [ -e /sandbox/logs ]")
 READ_REWARD = r'''
 import json, os, stat
 out = {}
@@ -253,8 +257,10 @@ async def run_task(task: HarborTask, answer: str, as_script: bool) -> Verdict:
                                    limits=task.agent_limits)
             details.append(f"agent script: exit {r.exit_code}"
                            + (f", killed: {r.killed_reason}" if r.killed_reason else ""))
-            await sandbox.exec(["rm", "-rf", "/sandbox/tests", "/sandbox/logs"],
-                               limits=Limits(wall_s=30))
+            r = await sandbox.exec(["bash", "-c", CLEAR], limits=Limits(wall_s=30))
+            if r.exit_code != 0:  # e.g. a folder the agent made read-only, to keep its reward
+                return Verdict(0.0, "killed", r.exit_code, details + [
+                    "the agent phase left /tests or /logs that could not be removed"])
         else:
             files[f"app/{task.answer_file}"] = answer.encode()
         files.update({f"tests/{rel}": data for rel, data in task.tests})
