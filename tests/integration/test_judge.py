@@ -43,6 +43,7 @@ def test_parse_rules(rule, text, score):
     ("yes_no", "Nope... no", "does not start with the word"),
     ("yes_no", "yesno", "does not start with the word"),
     ("number", "seven", "no number"),
+    ("number", "Score: 1e999", "not finite"),
     ("regex:Score: (\\d+)", "Score: high", "does not match"),
     ("regex:Score: (\\w+)", "Score: high", "not a number"),
 ])
@@ -204,11 +205,13 @@ def test_a_run_checkpoint_judges(tmp_path):
         saved = load_file(str(ckpt / "model.safetensors"))
         served = judge.engine.model.state_dict()
         name = "model.layers.0.mlp.up_proj.weight"
-        assert torch.equal(served[name].float(), saved[name].float())
+        dt = served[name].dtype  # the engine's dtype (bf16 where the CPU has bf16 kernels)
+        assert torch.equal(served[name], saved[name].to(dt))
         from traingym.models.loader import load_policy
 
         untrained = load_policy("tiny", seed=0)[0].state_dict()[name]
         assert not torch.equal(untrained, saved[name].float())  # the step changed it
+        assert not torch.equal(untrained.to(dt), served[name])  # ... also in the engine dtype
     finally:
         asyncio.run(judge.close())
 

@@ -144,7 +144,10 @@ def parse_score(rule: str, text: str) -> float:
         m = _NUMBER.search(text)
         if m is None:
             raise ParseFailure(f"no number in the answer {text[:80]!r}")
-        return float(m.group())
+        value = float(m.group())
+        if not math.isfinite(value):
+            raise ParseFailure(f"the answer's number {m.group()[:40]!r} is not finite")
+        return value
     pattern = rule[len("regex:"):]
     m = re.search(pattern, text)
     if m is None:
