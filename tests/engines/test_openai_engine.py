@@ -421,7 +421,8 @@ def test_traingym_evaluate_runs_on_the_endpoint(server, setup):
 
     _, _, rows, _ = setup
     cfg = build_config(overrides={"rollout": {"max_new_tokens": 6},
-                                  "eval": {"samples_per_prompt": 2}})
+                                  "eval": {"samples_per_prompt": 2},
+                                  "model": {"engine_dtype": "float32"}})  # as the server's
     res = {name: traingym.evaluate("embedded", config=cfg, dataset=rows[:6], engine=name,
                                    engine_options=opts, reward=exact_answer, pass_k=(1, 2))
            for name, opts in (("openai", {"base_url": server.url}), ("torch", {}))}
