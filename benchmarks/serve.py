@@ -10,6 +10,7 @@ steps and most rows live at once; dynamic batching on other engines: engine call
 requests in one call); the load average before and after. Writes benchmarks/results/serve.json.
 
     .venv/bin/python benchmarks/serve.py [--model embedded] [--requests 32] [--clients 16]
+        [--set model.engine_dtype=float32] [--out FILE]
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--out", default=str(RESULTS / "serve.json"))
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   help="passed to `traingym serve --set`, e.g. model.engine_dtype=float32")
     a = p.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -87,8 +90,9 @@ def main() -> int:
     url = f"http://127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile("w", prefix="serve_bench_", suffix=".log", delete=False)
     load_before = os.getloadavg()
+    sets = [x for kv in a.overrides for x in ("--set", kv)]
     server = subprocess.Popen([sys.executable, "-m", "traingym.cli", "serve", a.model, "--port",
-                               str(port)], stdout=log, stderr=subprocess.STDOUT)
+                               str(port), *sets], stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 600
         while True:
@@ -121,7 +125,8 @@ def main() -> int:
                     "concurrent_requests_per_call": a.requests / calls if calls else None,
                     "max_requests_per_call": stats_after["max_requests_per_call"]}
     result = {
-        "model": a.model, "requests": a.requests, "max_tokens": "16 + (7 i mod 17), greedy",
+        "model": a.model, "server_overrides": a.overrides, "requests": a.requests,
+        "max_tokens": "16 + (7 i mod 17), greedy",
         "one_at_a_time": one, "concurrent": many,
         "throughput_ratio": many["tokens_per_s"] / one["tokens_per_s"],
         "target_ratio": 4.0,
