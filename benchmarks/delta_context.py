@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from weight_sync import rl_stream  # noqa: E402
 
 from traingym.weights import entropy, tiered  # noqa: E402
-from traingym.weights.codecs import DeltaCodec, changes  # noqa: E402
+from traingym.weights.codecs import DeltaCodec  # noqa: E402
+from traingym.weights.extract import changes  # noqa: E402
 from traingym.weights.hashing import bits  # noqa: E402
 
 _LGAMMA = np.vectorize(math.lgamma, otypes=[np.float64])

@@ -53,7 +53,8 @@ import zstandard  # noqa: E402
 
 torch.set_num_threads(1)
 from traingym.weights import entropy, tiered  # noqa: E402
-from traingym.weights.codecs import DeltaCodec, apply, changed_positions, changes  # noqa: E402
+from traingym.weights.codecs import DeltaCodec, apply  # noqa: E402
+from traingym.weights.extract import changed_positions, changes  # noqa: E402
 from traingym.weights.frame import frame_size, seal  # noqa: E402
 from traingym.weights.hashing import bits, state_hash  # noqa: E402
 

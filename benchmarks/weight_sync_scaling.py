@@ -47,7 +47,7 @@ import numpy as np
 
 from traingym.weights import lthash
 from traingym.weights.base import Payload, PeerDead, TransportTimeout
-from traingym.weights.codecs import changes
+from traingym.weights.extract import changes
 from traingym.weights.frame import from_buffer, to_bytes
 from traingym.weights.hashing import bits, state_hash
 from traingym.weights.sync import Publisher, PublisherConfig, Subscriber, SubscriberConfig

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from traingym.weights import entropy, tiered
 from traingym.weights.base import IntegrityError, Payload
-from traingym.weights.codecs import DeltaCodec, FullCodec, apply, changed_positions, changes
+from traingym.weights.codecs import DeltaCodec, FullCodec, apply
+from traingym.weights.extract import changed_positions, changes
 from traingym.weights.frame import from_buffer, seal, to_bytes, verify_body
 from traingym.weights.hashing import bits, state_hash
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from traingym.weights import codecs, lthash
+from traingym.weights import codecs, extract, lthash
 from traingym.weights.base import TransportTimeout
 from traingym.weights.codecs import DeltaCodec, apply_changes, plan_pieces
 from traingym.weights.frame import from_buffer, seal, to_bytes
@@ -223,7 +223,7 @@ def _masters(n_steps=3, seed=0):
 
 @pytest.mark.parametrize("threads", [1, 3])
 def test_cast_path_matches_casting_first(threads, monkeypatch):
-    monkeypatch.setattr(codecs, "CAST_CHUNK", 4096)  # many chunks, a ragged last one
+    monkeypatch.setattr(extract, "CAST_CHUNK", 4096)  # many chunks, a ragged last one
     monkeypatch.setattr(codecs, "PIECE_ALIGN", 1024)
     masters = _masters()
     cfg = PublisherConfig(codec="delta", full_hash_every=2, threads=threads)

@@ -40,55 +40,10 @@ import zstandard
 from traingym.weights import entropy, lthash, tiered
 from traingym.weights.base import BaseMismatch, IntegrityError, Payload, State, TensorEntry, UpdateHeader
 from traingym.weights.base import register_codec
+from traingym.weights.extract import cast_changes, changes
 from traingym.weights.hashing import bits, dtype_name, dtype_of
 
 XOR_MIN_DENSITY = 0.05  # below this, sparse always wins; skip the cost of trying xor
-
-
-def changes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(indices where a != b, a there, b there). Compares 8 bytes at a time; the lanes that
-    differ within a changed word, and their old and new values, come from the two gathered
-    words (no second gather from the large arrays)."""
-    per = 8 // a.itemsize
-    if not (per > 1 and a.size % per == 0 and a.size >= 1024):
-        pos = np.flatnonzero(a != b)
-        return pos, a[pos], b[pos]
-    a64, b64 = a.view(np.uint64), b.view(np.uint64)
-    words = tiered.flatnonzero_sparse(a64 != b64)
-    aw, bw = a64[words].view(a.dtype), b64[words].view(a.dtype)  # lane j: element word*per+j
-    lanes = np.flatnonzero(aw != bw)  # sorted
-    shift = per.bit_length() - 1  # per is 2, 4 or 8
-    pos = (words[lanes >> shift] << shift) | (lanes & (per - 1))
-    return pos, aw[lanes], bw[lanes]
-
-
-CAST_CHUNK = 1 << 19  # elements cast and compared at a time (2 MB of fp32: in L2/L3)
-
-
-def cast_changes(master: torch.Tensor, old: np.ndarray, dtype: torch.dtype):
-    """`changes(old, bits(master cast to dtype))` without the cast copy: `master` (flat,
-    contiguous, any dtype) is cast a chunk at a time into a buffer that stays in cache and
-    compared there with `old`, the bits of the last published cast. One read of each."""
-    n = master.numel()
-    if n != old.size:
-        raise ValueError(f"master has {n} elements, the published state {old.size}")
-    buf = torch.empty(min(n, CAST_CHUNK), dtype=dtype)
-    nb = bits(buf)
-    found = []
-    for i in range(0, n, CAST_CHUNK):
-        k = min(CAST_CHUNK, n - i)
-        buf[:k].copy_(master[i : i + k])
-        pos, a_pos, b_pos = changes(old[i : i + k], nb[:k])
-        if pos.size:
-            found.append((pos + i, a_pos, b_pos))
-    if not found:
-        return np.zeros(0, np.int64), old[:0].copy(), old[:0].copy()
-    return tuple(np.concatenate(x) for x in zip(*found))
-
-
-def changed_positions(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Indices where a != b (sorted)."""
-    return changes(a, b)[0]
 
 
 def _keys(x: np.ndarray, is_float: bool) -> np.ndarray:
@@ -227,7 +182,7 @@ class DeltaCodec:
         changed elements, so that the sender updates its hash and shadow in O(changes).
         With `cast`, `new` holds the trainer's tensors (e.g. fp32 masters) and the target is
         their cast to `cast`: each piece is cast and compared with `old` in one pass
-        (`cast_changes`); the whole cast is made only for a piece that "xor" or "raw" may
+        (`extract.cast_changes`); the whole cast is made only for a piece that "xor" or "raw" may
         code (5% changed or more)."""
         if old is None:
             raise ValueError("delta needs a base state; send a full update first")

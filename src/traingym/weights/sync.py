@@ -163,7 +163,7 @@ class Publisher:
                 cast: torch.dtype | None = None) -> PublishStats:
         """Send `state` as `version`. With `cast`, `state` holds the trainer's tensors and
         what is published is their cast to `cast` (what the engine holds): a delta then finds
-        its changes while casting (codecs.cast_changes), with no cast copy of the model, and
+        its changes while casting (extract.cast_changes), with no cast copy of the model, and
         an anchor casts a copy."""
         if self.version is not None and version <= self.version:
             raise ValueError(f"version {version} is not after {self.version}")
