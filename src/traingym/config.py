@@ -439,14 +439,5 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-# Keys that moved: an old name's error names the new place (config_load.py: _unknown_key).
-MOVED_KEYS: dict[str, str] = {
-    **{f"{old}.{k}": f"algorithm.{k}" for old in ("async", "trainer")
-       for k in ("is_correction", "is_level", "is_cap")},
-    **{f"trainer.{k}": f"algorithm.{k}" for k in ("clip_low", "clip_high", "kl_coef",
-                                                   "normalize_std")},
-}
-
-
 class ConfigError(ValueError):
     """A config that cannot run; the message names the problem and the fix."""

@@ -16,7 +16,16 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from traingym.config import MOVED_KEYS, PRESETS, Config, ConfigError, closest, did_you_mean
+from traingym.config import PRESETS, Config, ConfigError, closest, did_you_mean
+
+
+# Keys that moved: an old name's error names the new place (_unknown_key).
+MOVED_KEYS: dict[str, str] = {
+    **{f"{old}.{k}": f"algorithm.{k}" for old in ("async", "trainer")
+       for k in ("is_correction", "is_level", "is_cap")},
+    **{f"trainer.{k}": f"algorithm.{k}" for k in ("clip_low", "clip_high", "kl_coef",
+                                                   "normalize_std")},
+}
 
 
 def _merge(base: dict, over: dict) -> dict:

@@ -59,7 +59,7 @@ def run_config(run_dir: Path) -> Config:
 def run_config_data(run_dir: Path) -> dict:
     """The run's config.json (the resolved config, every field written out) less the fields
     equal to the defaults, so they validate as unset, as the run had them. A run written
-    before a key moved (config.MOVED_KEYS) has the value read at its new place."""
+    before a key moved (config_load.MOVED_KEYS) has the value read at its new place."""
     try:
         data = json.loads((run_dir / RUN_CONFIG).read_text())
     except json.JSONDecodeError as e:
@@ -68,7 +68,7 @@ def run_config_data(run_dir: Path) -> dict:
 
 
 def _moved(data: dict) -> dict:
-    from traingym.config import MOVED_KEYS
+    from traingym.config_load import MOVED_KEYS
 
     data = json.loads(json.dumps(data))  # a copy
     for old, new in MOVED_KEYS.items():
@@ -286,7 +286,7 @@ def make_factory(cfg: Config, tokenizer, reward: Callable | None, env, group_rew
     from traingym.envs.render import PromptRenderer
     from traingym.envs.single_turn import SingleTurnFactory
     from traingym.envs.tasks import exact_answer
-    from traingym.run import import_reward, resolve_env
+    from traingym.inputs import import_reward, resolve_env
 
     env, group_reward = resolve_env(cfg, env, group_reward)
     if env is not None and reward is not None:

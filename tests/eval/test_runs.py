@@ -126,7 +126,7 @@ def test_runs_table_and_errors(tiny_run, tmp_path, capsys):
 
 def test_a_run_written_before_keys_moved_still_reads(copy_run):
     # config.MOVED_KEYS: e.g. trainer.clip_low moved to algorithm.clip_low
-    from traingym.config import MOVED_KEYS
+    from traingym.config_load import MOVED_KEYS
 
     path = copy_run()
     data = json.loads((path / "config.json").read_text())

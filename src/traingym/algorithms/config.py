@@ -4,7 +4,7 @@ A knob left at None takes the chosen algorithm's own default (each algorithm fil
 `DEFAULTS`; algorithms/base.py resolves them into `Knobs`), so `algorithm.name = "gspo"`
 alone gives GSPO's clip range, and `"dapo"` alone its dynamic sampling and overlong shaping.
 These keys lived under `trainer.*` before; the old names fail with an error naming the new
-place (config.py: MOVED_KEYS).
+place (config_load.py: MOVED_KEYS).
 """
 
 from __future__ import annotations
