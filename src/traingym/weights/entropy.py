@@ -19,6 +19,8 @@ import functools
 
 import numpy as np
 
+from traingym.weights import native
+
 QMAX = 40
 _SAMPLE = 1 << 11
 _LOG_PHI_1 = float(np.log((1 + 5**0.5) / 2 - 1))
@@ -189,6 +191,8 @@ def best_k(v: np.ndarray) -> int:
 
 def rice_encode(v: np.ndarray, k: int) -> tuple[bytes, bytes, bytes, int]:
     """-> (unary stream, low-bits stream, escaped values as uint64, number of escapes)."""
+    if native.lib is not None:
+        return native.rice_encode(v, k)
     q = v >> np.uint64(k)
     esc = q >= QMAX
     n_esc = int(np.count_nonzero(esc))
@@ -204,6 +208,8 @@ def rice_encode(v: np.ndarray, k: int) -> tuple[bytes, bytes, bytes, int]:
 
 
 def rice_decode(unary, low, escaped, n: int, k: int) -> np.ndarray:
+    if native.lib is not None:
+        return native.rice_decode(unary, low, escaped, n, k)
     ones = np.flatnonzero(np.unpackbits(np.frombuffer(unary, np.uint8)))[:n]
     if ones.size != n:
         raise ValueError("unary stream too short")

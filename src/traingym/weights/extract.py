@@ -8,14 +8,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from traingym.weights import tiered
+from traingym.weights import native, tiered
 from traingym.weights.hashing import bits
 
 
 def changes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(indices where a != b, a there, b there). Compares 8 bytes at a time; the lanes that
     differ within a changed word, and their old and new values, come from the two gathered
-    words (no second gather from the large arrays)."""
+    words (no second gather from the large arrays). With the C kernels, one pass (native.py)."""
+    if native.lib is not None:
+        return native.changes(a, b)
     per = 8 // a.itemsize
     if not (per > 1 and a.size % per == 0 and a.size >= 1024):
         pos = np.flatnonzero(a != b)

@@ -53,6 +53,8 @@ import hashlib
 import numpy as np
 import xxhash
 
+from traingym.weights import native
+
 LANES = 2
 KEY = b"traingym-lthash-v1"
 CHUNK = 1 << 14  # elements per numpy batch: the temporaries stay in L1/L2
@@ -109,6 +111,9 @@ def element_sum(name: str, numel: int, pos: np.ndarray, v: np.ndarray) -> np.nda
 def change_sum(name: str, numel: int, pos: np.ndarray, old: np.ndarray,
                new: np.ndarray) -> np.ndarray:
     """How the hash moves when tensor `name` changes from old[i] to new[i] at pos[i]."""
+    if native.lib is not None:
+        packed = old.dtype.itemsize <= 4 and numel <= _FITS
+        return native.change_sum(tensor_keys(name), packed, pos, old, new)
     return element_sum(name, numel, pos, new) - element_sum(name, numel, pos, old)
 
 

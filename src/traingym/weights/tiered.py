@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import zstandard
 
-from traingym.weights import entropy
+from traingym.weights import entropy, native
 
 MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23, torch.float64: 52}
 SAMPLE = 1 << 10  # elements sampled per tensor to estimate the exponent histogram
@@ -67,7 +67,9 @@ def flatnonzero_sparse(m: np.ndarray) -> np.ndarray:
 
 def small_positions(a: np.ndarray, bound: int) -> np.ndarray:
     """Sorted indices of the elements whose magnitude bits are below `bound`: one pass over
-    `a`, in cache-sized chunks with reused temporaries."""
+    `a`, in cache-sized chunks with reused temporaries (with the C kernels, one loop)."""
+    if native.lib is not None:
+        return native.small_positions(a, bound)
     mag, bound = _mag_mask(a), a.dtype.type(bound)
     if a.size <= CHUNK:
         return flatnonzero_sparse((a & mag) < bound)
@@ -141,6 +143,11 @@ def _unrice(unary, low, esc, n: int, k: int, limit: int) -> np.ndarray:
     return ranks
 
 
+def _rank(S: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """np.searchsorted(S, x) for sorted x."""
+    return native.rank(S, x) if native.lib is not None else np.searchsorted(S, x)
+
+
 def zigzag(d: np.ndarray) -> np.ndarray:
     """W-bit wrapped differences (unsigned) -> W-bit zigzag, minus 1 (d is never 0): +1 and
     -1 become 1 and 0, small magnitudes stay small."""
@@ -161,7 +168,7 @@ def encode(a: np.ndarray, b: np.ndarray, pos: np.ndarray, e_pos: np.ndarray, kd:
     `plan`."""
     in_s = e_pos < threshold  # (index arrays below: numpy's boolean indexing is slower)
     i_s, i_r = np.flatnonzero(in_s), np.flatnonzero(~in_s)
-    ranks = np.searchsorted(S, pos[i_s])  # where S's changed elements sit in S
+    ranks = _rank(S, pos[i_s])  # where S's changed elements sit in S
     mode = int(2 * ranks.size > S.size)  # 1: send the unchanged ones of S
     if mode:
         unchanged = np.ones(S.size, bool)
@@ -169,7 +176,7 @@ def encode(a: np.ndarray, b: np.ndarray, pos: np.ndarray, e_pos: np.ndarray, kd:
         ranks = np.flatnonzero(unchanged)
     s_streams, k_s, esc_s = _rice(ranks)
     pos_r = pos[i_r]
-    r_streams, k_r, esc_r = _rice(pos_r - np.searchsorted(S, pos_r))
+    r_streams, k_r, esc_r = _rice(pos_r - _rank(S, pos_r))
     order = i_s[np.argsort(e_pos[i_s], kind="stable")]
     z = zigzag(np.concatenate([kd[order], kd[i_r]]))
     planes = z.view(np.uint8).reshape(-1, z.itemsize).T.copy()  # low bytes, then high
@@ -202,7 +209,8 @@ def decode(a: np.ndarray, buf, n_changed: int, params: tuple[int, ...], mbits: i
     if n_r < 0:
         raise ValueError("more changes in tier S than in the tensor")
     r = _unrice(u_r, l_r, e_r, n_r, k_r, a.size - S.size)
-    pos_r = r + np.searchsorted(S - np.arange(S.size), r, side="right")
+    pos_r = native.unrank(S, r) if native.lib is not None else \
+        r + np.searchsorted(S - np.arange(S.size), r, side="right")  # the r-th not in S
     w = a.itemsize
     planes = zstandard.ZstdDecompressor().decompress(values_z, max_output_size=n_changed * w)
     if len(planes) != n_changed * w:

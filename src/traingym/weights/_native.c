@@ -1,0 +1,428 @@
+/* The delta codec's per-element loops in C (native.py loads this; NumPy versions are the
+ * reference and the fallback). Each function here produces exactly the bits of its NumPy
+ * counterpart, named beside it; tests/weights/test_native.py compares the two.
+ *
+ * Arrays arrive as contiguous buffers (numpy arrays); element widths are passed explicitly.
+ * Every loop runs with the GIL released, so the codec's threads code pieces in parallel.
+ * Functions that produce a variable number of results take output buffers with a capacity
+ * and return (count, where they stopped); the caller continues from there.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef uint64_t u64;
+
+/* The two scans over whole tensors get AVX2 code where the CPU has it, picked at load time
+ * (GCC's function multiversioning); elsewhere the compiler's baseline. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define CLONES
+#endif
+
+static inline u64 load(const uint8_t *p, int w) {
+    switch (w) {
+    case 1: return p[0];
+    case 2: { uint16_t x; memcpy(&x, p, 2); return x; }
+    case 4: { uint32_t x; memcpy(&x, p, 4); return x; }
+    default: { u64 x; memcpy(&x, p, 8); return x; }
+    }
+}
+
+static inline void store(uint8_t *p, int w, u64 v) {
+    switch (w) {
+    case 1: p[0] = (uint8_t)v; break;
+    case 2: { uint16_t x = (uint16_t)v; memcpy(p, &x, 2); break; }
+    case 4: { uint32_t x = (uint32_t)v; memcpy(p, &x, 4); break; }
+    default: memcpy(p, &v, 8);
+    }
+}
+
+static int check_width(int w) {
+    if (w == 1 || w == 2 || w == 4 || w == 8) return 0;
+    PyErr_Format(PyExc_ValueError, "element width %d is not 1, 2, 4 or 8", w);
+    return -1;
+}
+
+static int need(Py_buffer *b, Py_ssize_t bytes, const char *what) {
+    if (b->len >= bytes) return 0;
+    PyErr_Format(PyExc_ValueError, "%s holds %zd bytes, needs %zd", what, b->len, bytes);
+    return -1;
+}
+
+#define RELEASE(...) do { Py_buffer *bs_[] = {__VA_ARGS__}; \
+    for (size_t i_ = 0; i_ < sizeof bs_ / sizeof *bs_; i_++) PyBuffer_Release(bs_[i_]); } while (0)
+
+/* The loop of `changes` below: from i, until n or the outputs are full; -> where it stopped. */
+static CLONES Py_ssize_t changes_kernel(int w, const uint8_t *pa, const uint8_t *pb,
+                                        Py_ssize_t n, Py_ssize_t i, Py_ssize_t cap,
+                                        int64_t *pos, uint8_t *oa, uint8_t *ob,
+                                        Py_ssize_t *count_out) {
+    Py_ssize_t count = 0;
+    int per = 8 / w;
+    /* element by element to a word boundary (and at the end), else a word at a time */
+#define CHANGES_LOOP(T) { const T *x = (const T *)pa, *y = (const T *)pb; \
+        T *xo = (T *)oa, *yo = (T *)ob; \
+        for (; i < n && count + per <= cap; ) { \
+            if (i % (4 * per) == 0 && i + 4 * per <= n) { /* 32 bytes at a time */ \
+                u64 u[4], v[4]; \
+                memcpy(u, x + i, 32); \
+                memcpy(v, y + i, 32); \
+                if (((u[0] ^ v[0]) | (u[1] ^ v[1]) | (u[2] ^ v[2]) | (u[3] ^ v[3])) == 0) { \
+                    i += 4 * per; \
+                    continue; \
+                } \
+            } \
+            if (i % per == 0 && i + per <= n) { \
+                u64 u, v; \
+                memcpy(&u, x + i, 8); \
+                memcpy(&v, y + i, 8); \
+                if (u == v) { i += per; continue; } \
+                for (int j = 0; j < per; j++, i++) \
+                    if (x[i] != y[i]) { pos[count] = i; xo[count] = x[i]; yo[count] = y[i]; count++; } \
+            } else { \
+                if (x[i] != y[i]) { pos[count] = i; xo[count] = x[i]; yo[count] = y[i]; count++; } \
+                i++; \
+            } } }
+    switch (w) {  /* numpy buffers are aligned to their element */
+    case 1: CHANGES_LOOP(uint8_t) break;
+    case 2: CHANGES_LOOP(uint16_t) break;
+    case 4: CHANGES_LOOP(uint32_t) break;
+    default: CHANGES_LOOP(u64)
+    }
+    *count_out = count;
+    return i;
+}
+
+/* changes(w, a, b, start, pos_out, a_out, b_out) -> (count, next): the positions i >= start
+ * where a[i] != b[i], and a and b there, until the outputs are full (extract.changes). */
+static PyObject *changes(PyObject *self, PyObject *args) {
+    int w;
+    Py_ssize_t start;
+    Py_buffer a, b, po, ao, bo;
+    if (!PyArg_ParseTuple(args, "iy*y*nw*w*w*", &w, &a, &b, &start, &po, &ao, &bo)) return NULL;
+    Py_ssize_t n = a.len / (w > 0 ? w : 1), cap = po.len / 8, count = 0, i = start;
+    if (check_width(w) || need(&b, a.len, "b") || need(&ao, cap * w, "a_out")
+        || need(&bo, cap * w, "b_out") || start < 0 || start > n) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "start out of range");
+        RELEASE(&a, &b, &po, &ao, &bo);
+        return NULL;
+    }
+    const uint8_t *pa = a.buf, *pb = b.buf;
+    int64_t *pos = po.buf;
+    uint8_t *oa = ao.buf, *ob = bo.buf;
+    Py_BEGIN_ALLOW_THREADS
+    i = changes_kernel(w, pa, pb, n, i, cap, pos, oa, ob, &count);
+    Py_END_ALLOW_THREADS
+    RELEASE(&a, &b, &po, &ao, &bo);
+    return Py_BuildValue("nn", count, i);
+}
+
+/* The loop of `small` below: from i, until n or the output is full; -> where it stopped. */
+static CLONES Py_ssize_t small_kernel(int w, const uint8_t *pa, u64 mag, u64 bound, Py_ssize_t n,
+                                      Py_ssize_t i, Py_ssize_t cap, int64_t *pos,
+                                      Py_ssize_t *count_out) {
+    Py_ssize_t count = 0;
+#define SMALL_LOOP(T) { const T *x = (const T *)pa; T m = (T)mag, bd = (T)bound; \
+        while (i < n && count < cap) { \
+            for (; i + 64 <= n; i += 64) {  /* 64 at a time while none is small */ \
+                int hit = 0; \
+                for (int j = 0; j < 64; j++) hit |= (T)(x[i + j] & m) < bd; \
+                if (hit) break; \
+            } \
+            Py_ssize_t end = i + 64 < n ? i + 64 : n; \
+            if (end - i > cap - count) end = i + (cap - count); \
+            for (; i < end; i++) { pos[count] = i; count += (T)(x[i] & m) < bd; } } }
+    switch (w) {  /* numpy buffers are aligned to their element */
+    case 1: SMALL_LOOP(uint8_t) break;
+    case 2: SMALL_LOOP(uint16_t) break;
+    case 4: SMALL_LOOP(uint32_t) break;
+    default: SMALL_LOOP(u64)
+    }
+    *count_out = count;
+    return i;
+}
+
+/* small(w, a, mag, bound, start, pos_out) -> (count, next): positions i >= start with
+ * (a[i] & mag) < bound (tiered.small_positions). */
+static PyObject *small(PyObject *self, PyObject *args) {
+    int w;
+    unsigned long long mag, bound;
+    Py_ssize_t start;
+    Py_buffer a, po;
+    if (!PyArg_ParseTuple(args, "iy*KKnw*", &w, &a, &mag, &bound, &start, &po)) return NULL;
+    Py_ssize_t n = a.len / (w > 0 ? w : 1), cap = po.len / 8, count = 0, i = start;
+    if (check_width(w) || start < 0 || start > n) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "start out of range");
+        RELEASE(&a, &po);
+        return NULL;
+    }
+    const uint8_t *pa = a.buf;
+    int64_t *pos = po.buf;
+    Py_BEGIN_ALLOW_THREADS
+    i = small_kernel(w, pa, mag, bound, n, i, cap, pos, &count);
+    Py_END_ALLOW_THREADS
+    RELEASE(&a, &po);
+    return Py_BuildValue("nn", count, i);
+}
+
+/* The additive hash's element hash (lthash.py): splitmix64's finaliser, two lanes. */
+static inline u64 mix(u64 z) {
+    z ^= z >> 30;
+    z *= 0xBF58476D1CE4E5B9ULL;
+    z ^= z >> 27;
+    z *= 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+/* change_sum(keys, w, packed, pos, old, new) -> (lane0, lane1): the sum over i of
+ * h(pos[i], new[i]) - h(pos[i], old[i]) (lthash.change_sum; keys: tensor_keys' 6 words). */
+static PyObject *change_sum(PyObject *self, PyObject *args) {
+    int w, packed;
+    Py_buffer kb, pb, ob, nb;
+    if (!PyArg_ParseTuple(args, "y*iiy*y*y*", &kb, &w, &packed, &pb, &ob, &nb)) return NULL;
+    Py_ssize_t n = pb.len / 8;
+    if (check_width(w) || need(&kb, 48, "keys") || need(&ob, n * w, "old")
+        || need(&nb, n * w, "new")) {
+        RELEASE(&kb, &pb, &ob, &nb);
+        return NULL;
+    }
+    u64 k[6], s0 = 0, s1 = 0;
+    memcpy(k, kb.buf, 48);
+    const int64_t *pos = pb.buf;
+    const uint8_t *po = ob.buf, *pn = nb.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        u64 p = (u64)pos[i], base = packed ? p << 32 : mix(p + k[2]);
+        u64 xo = packed ? base | load(po + i * w, w) : base ^ load(po + i * w, w);
+        u64 xn = packed ? base | load(pn + i * w, w) : base ^ load(pn + i * w, w);
+        s0 += mix(mix(xn ^ k[0]) + k[1]) - mix(mix(xo ^ k[0]) + k[1]);
+        s1 += mix(mix(xn ^ k[3]) + k[4]) - mix(mix(xo ^ k[3]) + k[4]);
+    }
+    Py_END_ALLOW_THREADS
+    RELEASE(&kb, &pb, &ob, &nb);
+    return Py_BuildValue("KK", (unsigned long long)s0, (unsigned long long)s1);
+}
+
+/* Bit streams, most significant bit first (np.packbits' order). */
+typedef struct { uint8_t *p; u64 acc; int used; } BitWriter;
+
+static inline void put(BitWriter *bw, u64 v, int nbits) {  /* nbits <= 57 */
+    bw->acc = (bw->acc << nbits) | (nbits ? v & (~0ULL >> (64 - nbits)) : 0);
+    bw->used += nbits;
+    while (bw->used >= 8) {
+        bw->used -= 8;
+        *bw->p++ = (uint8_t)(bw->acc >> bw->used);
+    }
+}
+
+static inline void put_wide(BitWriter *bw, u64 v, int nbits) {  /* nbits <= 64 */
+    if (nbits > 32) {
+        put(bw, v >> 32, nbits - 32);
+        nbits = 32;
+    }
+    put(bw, v, nbits);
+}
+
+static inline void flush(BitWriter *bw) {
+    if (bw->used) *bw->p++ = (uint8_t)(bw->acc << (8 - bw->used));
+    bw->used = 0;
+}
+
+#define QMAX 40  /* entropy.QMAX */
+
+/* rice_encode(v, k) -> (unary, low, escaped, n_escaped) (entropy.rice_encode). */
+static PyObject *rice_encode(PyObject *self, PyObject *args) {
+    Py_buffer vb;
+    int k;
+    if (!PyArg_ParseTuple(args, "y*i", &vb, &k)) return NULL;
+    if (k < 0 || k > 63) {
+        PyBuffer_Release(&vb);
+        return PyErr_Format(PyExc_ValueError, "Rice parameter %d outside 0..63", k);
+    }
+    const u64 *v = vb.buf;
+    Py_ssize_t n = vb.len / 8, n_esc = 0;
+    u64 unary_bits = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        u64 q = v[i] >> k;
+        n_esc += q >= QMAX;
+        unary_bits += (q < QMAX ? q : QMAX) + 1;
+    }
+    Py_END_ALLOW_THREADS
+    PyObject *unary = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((unary_bits + 7) / 8));
+    PyObject *low = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(((u64)(n - n_esc) * k + 7) / 8));
+    PyObject *esc = PyBytes_FromStringAndSize(NULL, n_esc * 8);
+    if (!unary || !low || !esc) {
+        Py_XDECREF(unary), Py_XDECREF(low), Py_XDECREF(esc);
+        PyBuffer_Release(&vb);
+        return NULL;
+    }
+    BitWriter bu = {(uint8_t *)PyBytes_AS_STRING(unary), 0, 0};
+    BitWriter bl = {(uint8_t *)PyBytes_AS_STRING(low), 0, 0};
+    uint8_t *pe = (uint8_t *)PyBytes_AS_STRING(esc);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        u64 q = v[i] >> k;
+        if (q >= QMAX) {
+            memcpy(pe, &v[i], 8);
+            pe += 8;
+            q = QMAX;
+        } else {
+            put_wide(&bl, v[i], k);
+        }
+        while (q >= 32) {
+            put(&bu, 0, 32);
+            q -= 32;
+        }
+        put(&bu, 1, (int)q + 1);
+    }
+    flush(&bu);
+    flush(&bl);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&vb);
+    return Py_BuildValue("NNNn", unary, low, esc, n_esc);
+}
+
+/* Bit readers over a stream of `len` bytes, most significant bit first: the count of zeros
+ * before the next one (added to *q; 0 if the stream ends first), and k (< 64) bits. */
+static inline int next_one(const uint8_t *p, Py_ssize_t len, Py_ssize_t *bit, u64 *q) {
+    while (*bit < len * 8) {
+        Py_ssize_t byte = *bit >> 3;
+        int off = *bit & 7;
+        if (byte + 8 <= len) {
+            u64 x;
+            memcpy(&x, p + byte, 8);
+            x = __builtin_bswap64(x) << off;
+            if (x) {
+                int z = __builtin_clzll(x);
+                *q += z;
+                *bit += z + 1;
+                return 1;
+            }
+            *q += 64 - off;
+            *bit += 64 - off;
+        } else {
+            int b = (p[byte] >> (7 - off)) & 1;
+            ++*bit;
+            if (b) return 1;
+            ++*q;
+        }
+    }
+    return 0;
+}
+
+static inline u64 read_bits(const uint8_t *p, Py_ssize_t len, Py_ssize_t *bit, int k) {
+    if (k == 0) return 0;
+    Py_ssize_t byte = *bit >> 3;
+    int off = *bit & 7;
+    u64 x = 0;
+    if (byte + 8 <= len && k + off <= 64) {
+        memcpy(&x, p + byte, 8);
+        x = (__builtin_bswap64(x) << off) >> (64 - k);
+        *bit += k;
+        return x;
+    }
+    for (int b = 0; b < k;) {  /* near the end: a byte's worth at a time */
+        int o = *bit & 7, take = 8 - o < k - b ? 8 - o : k - b;
+        x = (x << take) | ((p[*bit >> 3] >> (8 - o - take)) & ((1u << take) - 1));
+        *bit += take;
+        b += take;
+    }
+    return x;
+}
+
+/* rice_decode(unary, low, escaped, k, out) (entropy.rice_decode): fills out's n values.
+ * Raises ValueError where a stream is short or does not match. */
+static PyObject *rice_decode(PyObject *self, PyObject *args) {
+    Py_buffer ub, lb, eb, ob;
+    int k;
+    if (!PyArg_ParseTuple(args, "y*y*y*iw*", &ub, &lb, &eb, &k, &ob)) return NULL;
+    const uint8_t *pu = ub.buf, *pl = lb.buf;
+    const char *err = NULL;
+    u64 *out = ob.buf;
+    Py_ssize_t n = ob.len / 8, n_esc = 0, lbits = lb.len * 8, ubit = 0, lbit = 0;
+    if (k < 0 || k > 63) err = "Rice parameter outside 0..63";
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && !err; i++) {
+        u64 q = 0;
+        if (!next_one(pu, ub.len, &ubit, &q)) { err = "unary stream too short"; break; }
+        if (q == QMAX) {
+            if ((n_esc + 1) * 8 > eb.len) { err = "escape stream does not match the unary stream"; break; }
+            memcpy(&out[i], (const uint8_t *)eb.buf + n_esc * 8, 8);
+            n_esc++;
+            continue;
+        }
+        if (q > QMAX) { err = "unary run longer than an escape"; break; }
+        if (lbit + k > lbits) { err = "fixed-width stream too short"; break; }
+        out[i] = (q << k) | read_bits(pl, lb.len, &lbit, k);
+    }
+    Py_END_ALLOW_THREADS
+    if (!err && n_esc * 8 != eb.len) err = "escape stream does not match the unary stream";
+    RELEASE(&ub, &lb, &eb, &ob);
+    if (err) return PyErr_Format(PyExc_ValueError, "%s", err);
+    Py_RETURN_NONE;
+}
+
+/* rank(sorted, x, out): out[i] = the number of elements of `sorted` below x[i], for sorted
+ * x (np.searchsorted(sorted, x)); int64 throughout. */
+static PyObject *rank(PyObject *self, PyObject *args) {
+    Py_buffer sb, xb, ob;
+    if (!PyArg_ParseTuple(args, "y*y*w*", &sb, &xb, &ob)) return NULL;
+    Py_ssize_t m = sb.len / 8, n = xb.len / 8;
+    if (need(&ob, n * 8, "out")) {
+        RELEASE(&sb, &xb, &ob);
+        return NULL;
+    }
+    const int64_t *s = sb.buf, *x = xb.buf;
+    int64_t *out = ob.buf;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        while (j < m && s[j] < x[i]) j++;
+        out[i] = j;
+    }
+    Py_END_ALLOW_THREADS
+    RELEASE(&sb, &xb, &ob);
+    Py_RETURN_NONE;
+}
+
+/* unrank(sorted, r, out): out[i] = the r[i]-th (from 0) non-negative integer not in
+ * `sorted`, for sorted r (r + np.searchsorted(sorted - arange, r, side="right")). */
+static PyObject *unrank(PyObject *self, PyObject *args) {
+    Py_buffer sb, rb, ob;
+    if (!PyArg_ParseTuple(args, "y*y*w*", &sb, &rb, &ob)) return NULL;
+    Py_ssize_t m = sb.len / 8, n = rb.len / 8;
+    if (need(&ob, n * 8, "out")) {
+        RELEASE(&sb, &rb, &ob);
+        return NULL;
+    }
+    const int64_t *s = sb.buf, *r = rb.buf;
+    int64_t *out = ob.buf;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        while (j < m && s[j] - j <= r[i]) j++;
+        out[i] = r[i] + j;
+    }
+    Py_END_ALLOW_THREADS
+    RELEASE(&sb, &rb, &ob);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"changes", changes, METH_VARARGS, "positions where two arrays differ, and both values"},
+    {"small", small, METH_VARARGS, "positions whose magnitude bits are below a bound"},
+    {"change_sum", change_sum, METH_VARARGS, "the additive hash's movement from changes"},
+    {"rice_encode", rice_encode, METH_VARARGS, "Rice-code uint64 values"},
+    {"rice_decode", rice_decode, METH_VARARGS, "decode Rice-coded uint64 values"},
+    {"rank", rank, METH_VARARGS, "searchsorted for sorted keys"},
+    {"unrank", unrank, METH_VARARGS, "the r-th integer not in a sorted set"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }

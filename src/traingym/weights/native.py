@@ -1,0 +1,100 @@
+"""The delta codec's C kernels (_native.c), with the NumPy signatures of the functions they
+replace: extract.changes, tiered.small_positions, lthash.change_sum, entropy.rice_encode /
+rice_decode, and two sorted merges (searchsorted over sorted keys). Each gives the same bits
+as its NumPy version (tests/weights/test_native.py), so a payload coded on either side
+decodes on the other.
+
+`lib` is the compiled module, or None where it was not built (no C compiler at install: the
+build skips it, setup.py) or TRAINGYM_NATIVE=0 is set; callers then use NumPy.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+try:
+    from traingym.weights import _native as lib
+except ImportError:  # built without a C compiler
+    lib = None
+if os.environ.get("TRAINGYM_NATIVE", "1") == "0":
+    lib = None
+
+
+def _grow(n: int, found: int, done: int) -> int:
+    """A capacity for the rest of an array of n, from the rate found so far."""
+    rate = (found + 1) / max(done, 1)
+    return int(min(n, max(1024, 1.25 * rate * (n - done) + 64)))
+
+
+def changes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(indices where a != b, a there, b there), one pass over both."""
+    n, w = a.size, a.itemsize
+    if b.dtype != a.dtype or b.size != n:
+        raise ValueError("changes needs two arrays of one dtype and size")
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    parts, start, found = [], 0, 0
+    cap = min(n, max(1024, n // 64)) + 8
+    while True:
+        pos, va, vb = np.empty(cap, np.int64), np.empty(cap, a.dtype), np.empty(cap, a.dtype)
+        count, start = lib.changes(w, a, b, start, pos, va, vb)
+        found += count
+        parts.append((pos[:count], va[:count], vb[:count]))
+        if start >= n:
+            break
+        cap = _grow(n, found, start) + 8
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(np.concatenate(x) for x in zip(*parts))
+
+
+def small_positions(a: np.ndarray, bound: int) -> np.ndarray:
+    """Sorted indices of the elements whose magnitude bits are below `bound`."""
+    n = a.size
+    mag = int(np.iinfo(a.dtype).max >> 1)
+    a = np.ascontiguousarray(a)
+    parts, start, found = [], 0, 0
+    cap = min(n, 1 << 16)
+    while True:
+        pos = np.empty(max(cap, 1), np.int64)
+        count, start = lib.small(a.itemsize, a, mag, bound, start, pos)
+        found += count
+        parts.append(pos[:count])
+        if start >= n:
+            break
+        cap = _grow(n, found, start)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def change_sum(keys: np.ndarray, packed: bool, pos: np.ndarray, old: np.ndarray,
+               new: np.ndarray) -> np.ndarray:
+    """The additive hash's movement (LANES=2 uint64) from changes at pos, old -> new."""
+    pos = np.ascontiguousarray(pos, np.int64)
+    s0, s1 = lib.change_sum(keys, old.itemsize, int(packed), pos, np.ascontiguousarray(old),
+                            np.ascontiguousarray(new))
+    return np.array([s0, s1], np.uint64)
+
+
+def rice_encode(v: np.ndarray, k: int) -> tuple[bytes, bytes, bytes, int]:
+    return lib.rice_encode(np.ascontiguousarray(v, np.uint64), k)
+
+
+def rice_decode(unary, low, escaped, n: int, k: int) -> np.ndarray:
+    out = np.empty(n, np.uint64)
+    lib.rice_decode(unary, low, escaped, k, out)
+    return out
+
+
+def rank(s: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """np.searchsorted(s, x) for sorted x (both int64)."""
+    out = np.empty(x.size, np.int64)
+    lib.rank(np.ascontiguousarray(s, np.int64), np.ascontiguousarray(x, np.int64), out)
+    return out
+
+
+def unrank(s: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """The r[i]-th non-negative integer not in sorted s, for sorted r (both int64)."""
+    out = np.empty(r.size, np.int64)
+    lib.unrank(np.ascontiguousarray(s, np.int64), np.ascontiguousarray(r, np.int64), out)
+    return out

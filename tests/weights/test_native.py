@@ -1,0 +1,179 @@
+"""The C kernels (weights/_native.c via native.py) give the bits of their NumPy versions, and
+payloads coded with either decode with the other. Under CI the kernels must be built (setup.sh
+installs with a C compiler), so these compare instead of skipping."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from prereq import missing
+
+from traingym.weights import entropy, extract, lthash, native, tiered
+from traingym.weights.codecs import DeltaCodec, apply_changes
+from traingym.weights.hashing import bits, state_hash
+
+UINTS = [np.uint8, np.uint16, np.uint32, np.uint64]
+
+
+@pytest.fixture
+def lib():
+    if native.lib is None:
+        missing("the C kernels are not built (traingym/weights/_native.c; pip install -e . "
+                "with a C compiler builds them)")
+    return native.lib
+
+
+@pytest.fixture
+def numpy_only(monkeypatch):
+    """The codec with its NumPy code (as without a C compiler)."""
+    monkeypatch.setattr(native, "lib", None)
+
+
+def _pair(rng, dtype, n, density):
+    a = rng.integers(0, np.iinfo(dtype).max, n, dtype=dtype, endpoint=True)
+    b = a.copy()
+    k = int(n * density)
+    pos = rng.choice(n, k, replace=False) if k else np.zeros(0, np.int64)
+    b[pos] ^= rng.integers(1, np.iinfo(dtype).max, k, dtype=dtype, endpoint=True)
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", UINTS)
+@pytest.mark.parametrize("n,density", [(0, 0), (7, 0.5), (1000, 0), (4099, 0.01), (4099, 1.0),
+                                       (70_001, 0.003), (70_001, 0.3)])
+def test_changes_match_numpy(lib, monkeypatch, dtype, n, density):
+    rng = np.random.default_rng(n)
+    a, b = _pair(rng, dtype, n, density)
+    for lo in (0, 3):  # an unaligned slice too (a piece of a tensor)
+        got = native.changes(a[lo:], b[lo:])
+        want_pos = np.flatnonzero(a[lo:] != b[lo:])
+        np.testing.assert_array_equal(got[0], want_pos)
+        np.testing.assert_array_equal(got[1], a[lo:][want_pos])
+        np.testing.assert_array_equal(got[2], b[lo:][want_pos])
+        assert got[1].dtype == a.dtype and got[0].dtype == np.int64
+        with monkeypatch.context() as m:
+            m.setattr(native, "lib", None)
+            ref = extract.changes(a[lo:], b[lo:])
+        for x, y in zip(got, ref):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_changes_grow_past_the_first_guess(lib):
+    """Outputs start at 1/64 of the array; a dense run past that continues in new parts."""
+    a = np.zeros(200_000, np.uint16)
+    b = a.copy()
+    b[150_000:] = 1  # nothing at first, then everything
+    pos, va, vb = native.changes(a, b)
+    np.testing.assert_array_equal(pos, np.arange(150_000, 200_000))
+    assert (va == 0).all() and (vb == 1).all()
+
+
+@pytest.mark.parametrize("dtype,mbits", [(np.uint16, 7), (np.uint32, 23), (np.uint64, 52)])
+def test_small_positions_match_numpy(lib, monkeypatch, dtype, mbits):
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, np.iinfo(dtype).max, 1_300_001, dtype=dtype, endpoint=True)
+    for e in (0, 1, 60, 120, 127, 200):
+        bound = e << mbits
+        got = native.small_positions(a, bound)
+        with monkeypatch.context() as m:
+            m.setattr(native, "lib", None)
+            want = tiered.small_positions(a, bound)
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", UINTS)
+@pytest.mark.parametrize("numel", [100_000, 1 << 33])  # packed words, and mixed positions
+def test_change_sum_matches_numpy(lib, monkeypatch, dtype, numel):
+    rng = np.random.default_rng(2)
+    n = 40_000
+    pos = np.sort(rng.choice(min(numel, 1 << 40), n, replace=False)).astype(np.int64)
+    old, new = _pair(rng, dtype, n, 1.0)
+    got = lthash.change_sum("w", numel, pos, old, new)
+    with monkeypatch.context() as m:
+        m.setattr(native, "lib", None)
+        want = lthash.change_sum("w", numel, pos, old, new)
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == np.uint64 and got.shape == (lthash.LANES,)
+
+
+@pytest.mark.parametrize("k", [0, 1, 5, 13, 31, 40, 57, 63])
+def test_rice_matches_numpy(lib, monkeypatch, k):
+    rng = np.random.default_rng(k)
+    v = rng.geometric(1 / (1 + 2.0**k), 5001).astype(np.uint64) - np.uint64(1)
+    v[::97] = rng.integers(0, 2**63, v[::97].size, dtype=np.uint64)  # escapes
+    v[1] = 0
+    got = entropy.rice_encode(v, k)
+    with monkeypatch.context() as m:
+        m.setattr(native, "lib", None)
+        want = entropy.rice_encode(v, k)
+        np.testing.assert_array_equal(entropy.rice_decode(*got[:3], v.size, k), v)
+    assert got == want
+    np.testing.assert_array_equal(entropy.rice_decode(*want[:3], v.size, k), v)
+    assert entropy.rice_encode(v[:0], k)[:3] == (b"", b"", b"")
+
+
+def test_rice_decode_refuses_bad_streams(lib):
+    v = np.arange(100, dtype=np.uint64) * np.uint64(37)
+    unary, low, esc, _ = entropy.rice_encode(v, 3)
+    with pytest.raises(ValueError, match="unary stream too short"):
+        entropy.rice_decode(unary[:-4], low, esc, v.size, 3)
+    with pytest.raises(ValueError, match="fixed-width stream too short"):
+        entropy.rice_decode(unary, low[:-8], esc, v.size, 3)
+    with pytest.raises(ValueError, match="escape stream"):
+        entropy.rice_decode(unary, low, esc + bytes(8), v.size, 3)
+    with pytest.raises(ValueError, match="unary run longer"):
+        entropy.rice_decode(bytes(64) + b"\xff", low, esc, v.size, 3)
+
+
+def test_rank_and_unrank_match_searchsorted(lib):
+    rng = np.random.default_rng(3)
+    s = np.sort(rng.choice(100_000, 7_000, replace=False)).astype(np.int64)
+    x = np.sort(rng.integers(0, 110_000, 9_000)).astype(np.int64)
+    np.testing.assert_array_equal(native.rank(s, x), np.searchsorted(s, x))
+    r = np.sort(rng.choice(100_000 - s.size, 5_000, replace=False)).astype(np.int64)
+    want = r + np.searchsorted(s - np.arange(s.size), r, side="right")
+    np.testing.assert_array_equal(native.unrank(s, r), want)
+    assert not np.isin(want, s).any()
+
+
+def _states(seed=0):
+    from traingym.weights.realistic import rl_states, tiny_llama
+
+    return list(rl_states(tiny_llama(seed=seed), 2, lr=1e-3))
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_payloads_are_the_same_bytes_and_decode_across(lib, monkeypatch, threads):
+    """One payload from either side, applied by either, to the target's hash."""
+    _, old, new = _states()
+    old["counts"] = torch.arange(4096, dtype=torch.int32)
+    new["counts"] = old["counts"].clone()
+    new["counts"][::7] += 1
+    codec = DeltaCodec(threads=threads)
+    p_c, ch_c = codec.encode_changes(old, new)
+    with monkeypatch.context() as m:
+        m.setattr(native, "lib", None)
+        p_n, ch_n = codec.encode_changes(old, new)
+        base = {k: v.clone() for k, v in old.items()}
+        got_n, sum_n = apply_changes(base, p_c, threads)
+    assert p_c.header == p_n.header
+    assert [bytes(b) for b in p_c.buffers] == [bytes(b) for b in p_n.buffers]
+    np.testing.assert_array_equal(ch_c.sum, ch_n.sum)
+    base = {k: v.clone() for k, v in old.items()}
+    got_c, sum_c = apply_changes(base, p_n, threads)
+    assert state_hash(got_c) == state_hash(got_n) == state_hash(new)
+    np.testing.assert_array_equal(sum_c.sum, ch_c.sum)
+    np.testing.assert_array_equal(sum_n.sum, ch_c.sum)
+
+
+def test_codec_round_trips_without_the_kernels(numpy_only):
+    """The fallback path end to end: encode, apply, hash movement equal on both sides."""
+    assert native.lib is None
+    _, old, new = _states(seed=1)
+    p, ch = DeltaCodec().encode_changes(old, new)
+    got, applied = apply_changes({k: v.clone() for k, v in old.items()}, p)
+    assert state_hash(got) == state_hash(new)
+    np.testing.assert_array_equal(applied.sum, ch.sum)
+    np.testing.assert_array_equal(ch.sum, lthash.state_sum(new) - lthash.state_sum(old))
+    assert all(bits(got[k]).tobytes() == bits(new[k]).tobytes() for k in new)
