@@ -317,12 +317,13 @@ def tiled(state, copies: int):
     return {f"{i}.{k}": v.clone() for i in range(copies) for k, v in state.items()}
 
 
-def receiver_main(host: str, port: int, versions: int) -> None:
-    from traingym.weights.sync import Subscriber
+def receiver_main(host: str, port: int, versions: int, threads: int) -> None:
+    from traingym.weights.sync import Subscriber, SubscriberConfig
     from traingym.weights.tcp import TcpConfig, TcpReceiver
 
     sub = Subscriber(TcpReceiver(TcpConfig(host=host, port=port, connect_timeout_s=60,
-                                           dead_after_s=60)))
+                                           dead_after_s=60)),
+                     SubscriberConfig(threads=threads))
     for v in range(versions):
         sub.wait_for(v, 300)
         print(json.dumps({"version": sub.version, "t": time.time(),
@@ -330,14 +331,14 @@ def receiver_main(host: str, port: int, versions: int) -> None:
 
 
 def run_link(old, new, host_bind: str, connect_to: str, netns: bool,
-             relay_rate: float | None = None) -> dict:
+             relay_rate: float | None = None, threads: int = 1) -> dict:
     from traingym.weights.sync import Publisher, PublisherConfig
     from traingym.weights.tcp import TcpConfig, TcpSender
 
     sender = TcpSender(TcpConfig(host=host_bind, send_timeout_s=300))
     relay = RateLimitedRelay(sender.port, relay_rate) if relay_rate else None
     port = relay.port if relay else sender.port
-    cmd = [sys.executable, __file__, "--receive", f"{connect_to}:{port}:4"]
+    cmd = [sys.executable, __file__, "--receive", f"{connect_to}:{port}:4:{threads}"]
     if netns:
         cmd = ["ip", "netns", "exec", NS, *cmd]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
@@ -347,9 +348,9 @@ def run_link(old, new, host_bind: str, connect_to: str, netns: bool,
     results = {}
     # v0 full (anchor), v1 delta, v2 full again (codec=full), v3 auto
     plan = [("full", old), ("delta", new), ("full", old), ("auto", new)]
-    pub = Publisher(sender, PublisherConfig(codec="delta", anchor_budget=10.0))
+    pub = Publisher(sender, PublisherConfig(codec="delta", anchor_budget=10.0, threads=threads))
     for v, (codec, state) in enumerate(plan):
-        pub.cfg = PublisherConfig(codec=codec, anchor_budget=10.0)
+        pub.cfg = PublisherConfig(codec=codec, anchor_budget=10.0, threads=threads)
         t0 = time.time()
         stats = pub.publish(state, v)
         line = json.loads(proc.stdout.readline())
@@ -369,11 +370,11 @@ def run_link(old, new, host_bind: str, connect_to: str, netns: bool,
     return results
 
 
-def section_tcp(old, new, copies: int, link: str) -> dict:
+def section_tcp(old, new, copies: int, link: str, threads: int = 1) -> dict:
     big_old, big_new = tiled(old, copies), tiled(new, copies)
     gb = sum(t.numel() * 2 for t in big_old.values()) / 1e9
     print(f"  state {gb:.2f} GB", flush=True)
-    out = {"state_GB": gb}
+    out = {"state_GB": gb, "threads": threads}
     if link == "auto":
         link = "netns" if netns_available() else "relay"
     out["link"] = link
@@ -382,15 +383,17 @@ def section_tcp(old, new, copies: int, link: str) -> dict:
         try:
             netns_up("1gbit")
             print("  1 Gbit/s veth + tbf:", flush=True)
-            out["limited_1gbit"] = run_link(big_old, big_new, HOST_IP, HOST_IP, netns=True)
+            out["limited_1gbit"] = run_link(big_old, big_new, HOST_IP, HOST_IP, netns=True,
+                                            threads=threads)
         finally:
             netns_down()
     else:
         print("  1 Gbit/s rate-limited loopback relay (no network namespaces):", flush=True)
         out["limited_1gbit"] = run_link(big_old, big_new, "127.0.0.1", "127.0.0.1",
-                                        netns=False, relay_rate=1e9 / 8)
+                                        netns=False, relay_rate=1e9 / 8, threads=threads)
     print("  unlimited loopback:", flush=True)
-    out["loopback"] = run_link(big_old, big_new, "127.0.0.1", "127.0.0.1", netns=False)
+    out["loopback"] = run_link(big_old, big_new, "127.0.0.1", "127.0.0.1", netns=False,
+                               threads=threads)
     return out
 
 
@@ -413,7 +416,7 @@ def main() -> None:
                     help="tiny: a ~5M-parameter Llama instead of SmolLM2-135M (smokes)")
     ap.add_argument("--tilings", default="1,4,16", help="scaling: copies of the state")
     ap.add_argument("--threads", type=int, default=1,
-                    help="scaling: threads (shards) of the codec and the subscriber")
+                    help="scaling and tcp: threads (shards) of the codec and the subscriber")
     ap.add_argument("--cast", default="",
                     help="scaling: also time the sender from fp32 masters: 'first' (cast, "
                          "then compare), 'fused' (compare while casting), or 'first,fused'")
@@ -421,8 +424,8 @@ def main() -> None:
     ap.add_argument("--receive", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.receive:
-        host, port, n = args.receive.split(":")
-        return receiver_main(host, int(port), int(n))
+        host, port, n, threads = args.receive.split(":")
+        return receiver_main(host, int(port), int(n), int(threads))
     sections = args.sections.split(",")
     if args.model == "tiny":
         print(f"tiny Llama, AdamW lr={args.lr}, {args.steps} steps", flush=True)
@@ -447,7 +450,7 @@ def main() -> None:
         res["throughput"] = section_throughput(old, new, args.repeat)
     if "tcp" in sections:
         print(f"tcp end to end on step {mid}", flush=True)
-        res["tcp"] = section_tcp(old, new, args.copies, args.link)
+        res["tcp"] = section_tcp(old, new, args.copies, args.link, args.threads)
     if "lthash" in sections:
         from weight_sync_scaling import section_lthash
 

@@ -61,31 +61,20 @@ static CLONES Py_ssize_t changes_kernel(int w, const uint8_t *pa, const uint8_t 
                                         int64_t *pos, uint8_t *oa, uint8_t *ob,
                                         Py_ssize_t *count_out) {
     Py_ssize_t count = 0;
-    int per = 8 / w;
-    /* element by element to a word boundary (and at the end), else a word at a time */
+    /* 32 elements at a time: a bit mask of the changed ones (vector compares), then each set
+     * bit; the last few one by one */
 #define CHANGES_LOOP(T) { const T *x = (const T *)pa, *y = (const T *)pb; \
         T *xo = (T *)oa, *yo = (T *)ob; \
-        for (; i < n && count + per <= cap; ) { \
-            if (i % (4 * per) == 0 && i + 4 * per <= n) { /* 32 bytes at a time */ \
-                u64 u[4], v[4]; \
-                memcpy(u, x + i, 32); \
-                memcpy(v, y + i, 32); \
-                if (((u[0] ^ v[0]) | (u[1] ^ v[1]) | (u[2] ^ v[2]) | (u[3] ^ v[3])) == 0) { \
-                    i += 4 * per; \
-                    continue; \
-                } \
-            } \
-            if (i % per == 0 && i + per <= n) { \
-                u64 u, v; \
-                memcpy(&u, x + i, 8); \
-                memcpy(&v, y + i, 8); \
-                if (u == v) { i += per; continue; } \
-                for (int j = 0; j < per; j++, i++) \
-                    if (x[i] != y[i]) { pos[count] = i; xo[count] = x[i]; yo[count] = y[i]; count++; } \
-            } else { \
-                if (x[i] != y[i]) { pos[count] = i; xo[count] = x[i]; yo[count] = y[i]; count++; } \
-                i++; \
-            } } }
+        for (; i + 32 <= n && count + 32 <= cap; i += 32) { \
+            uint32_t mask = 0; \
+            for (int j = 0; j < 32; j++) mask |= (uint32_t)(x[i + j] != y[i + j]) << j; \
+            while (mask) { \
+                Py_ssize_t k = i + __builtin_ctz(mask); \
+                pos[count] = k; xo[count] = x[k]; yo[count] = y[k]; count++; \
+                mask &= mask - 1; \
+            } } \
+        for (; i < n && count < cap; i++) \
+            if (x[i] != y[i]) { pos[count] = i; xo[count] = x[i]; yo[count] = y[i]; count++; } }
     switch (w) {  /* numpy buffers are aligned to their element */
     case 1: CHANGES_LOOP(uint8_t) break;
     case 2: CHANGES_LOOP(uint16_t) break;
@@ -126,15 +115,14 @@ static CLONES Py_ssize_t small_kernel(int w, const uint8_t *pa, u64 mag, u64 bou
                                       Py_ssize_t *count_out) {
     Py_ssize_t count = 0;
 #define SMALL_LOOP(T) { const T *x = (const T *)pa; T m = (T)mag, bd = (T)bound; \
-        while (i < n && count < cap) { \
-            for (; i + 64 <= n; i += 64) {  /* 64 at a time while none is small */ \
-                int hit = 0; \
-                for (int j = 0; j < 64; j++) hit |= (T)(x[i + j] & m) < bd; \
-                if (hit) break; \
-            } \
-            Py_ssize_t end = i + 64 < n ? i + 64 : n; \
-            if (end - i > cap - count) end = i + (cap - count); \
-            for (; i < end; i++) { pos[count] = i; count += (T)(x[i] & m) < bd; } } }
+        for (; i + 32 <= n && count + 32 <= cap; i += 32) { \
+            uint32_t mask = 0; \
+            for (int j = 0; j < 32; j++) mask |= (uint32_t)((T)(x[i + j] & m) < bd) << j; \
+            while (mask) { \
+                pos[count++] = i + __builtin_ctz(mask); \
+                mask &= mask - 1; \
+            } } \
+        for (; i < n && count < cap; i++) { pos[count] = i; count += (T)(x[i] & m) < bd; } }
     switch (w) {  /* numpy buffers are aligned to their element */
     case 1: SMALL_LOOP(uint8_t) break;
     case 2: SMALL_LOOP(uint16_t) break;
