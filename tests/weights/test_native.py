@@ -177,3 +177,32 @@ def test_codec_round_trips_without_the_kernels(numpy_only):
     np.testing.assert_array_equal(applied.sum, ch.sum)
     np.testing.assert_array_equal(ch.sum, lthash.state_sum(new) - lthash.state_sum(old))
     assert all(bits(got[k]).tobytes() == bits(new[k]).tobytes() for k in new)
+
+
+@pytest.mark.parametrize("dtype,is_float", [(np.uint16, True), (np.uint32, True),
+                                            (np.uint64, True), (np.uint8, False),
+                                            (np.uint32, False)])
+def test_apply_keys_matches_numpy(lib, monkeypatch, dtype, is_float):
+    """The fused decode step: a[pos] moves by kd in key space, and the hash's movement of a
+    piece at offset 1000 of a larger tensor, as NumPy computes them."""
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, np.iinfo(dtype).max, 50_000, dtype=dtype, endpoint=True)
+    pos = np.sort(rng.choice(a.size, 3_000, replace=False)).astype(np.int64)
+    kd = rng.integers(1, np.iinfo(dtype).max, pos.size, dtype=dtype, endpoint=True)
+    want = a.copy()
+    old = want[pos]
+    key = entropy.float_key if is_float else (lambda x: x)
+    unkey = entropy.float_unkey if is_float else (lambda x: x)
+    want[pos] = unkey(key(old) + kd)
+    numel = a.size + 1000
+    with monkeypatch.context() as m:
+        m.setattr(native, "lib", None)
+        want_sum = lthash.change_sum("t", numel, pos + 1000, old, want[pos])
+    keys = lthash.tensor_keys("t")
+    got_sum = native.apply_keys(a, pos, kd, is_float, keys, lthash.packs(a.itemsize, numel), 1000)
+    np.testing.assert_array_equal(a, want)
+    np.testing.assert_array_equal(got_sum, want_sum)
+    before = a.copy()
+    with pytest.raises(ValueError, match="position out of range"):
+        native.apply_keys(a, np.array([5, a.size], np.int64), kd[:2], is_float, keys, True, 0)
+    np.testing.assert_array_equal(a, before)  # nothing written

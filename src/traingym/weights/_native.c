@@ -194,6 +194,80 @@ static PyObject *change_sum(PyObject *self, PyObject *args) {
     return Py_BuildValue("KK", (unsigned long long)s0, (unsigned long long)s1);
 }
 
+/* Order-preserving keys of float bit patterns (entropy.float_key / float_unkey), width w. */
+static inline u64 float_key(u64 x, int w) {
+    u64 top = 1ULL << (8 * w - 1), ones = w == 8 ? ~0ULL : (1ULL << (8 * w)) - 1;
+    return x ^ ((x & top) ? ones : top);
+}
+
+static inline u64 float_unkey(u64 k, int w) {
+    u64 top = 1ULL << (8 * w - 1), ones = w == 8 ? ~0ULL : (1ULL << (8 * w)) - 1;
+    return k ^ ((k & top) ? top : ones);
+}
+
+static inline u64 element_hash(const u64 *k, int packed, u64 p, u64 v) {
+    u64 x = packed ? (p << 32) | v : mix(p + k[2]) ^ v;
+    return mix(mix(x ^ k[0]) + k[1]);
+}
+
+static inline u64 element_hash1(const u64 *k, int packed, u64 p, u64 v) {
+    u64 x = packed ? (p << 32) | v : mix(p + k[2]) ^ v;
+    return mix(mix(x ^ k[3]) + k[4]);
+}
+
+/* apply_keys(w, is_float, a, pos, kd, keys, packed, offset) -> (lane0, lane1): a[pos[i]] moves by
+ * kd[i] in key space (wrapping at w bytes; floats through float_key, integers as they are),
+ * the decode's last step for "sparse" and "tiered" entries, and the additive hash's movement
+ * of those writes at positions pos + offset (a is a piece of a tensor from offset on), as
+ * lthash.change_sum would give it (0, 0 when keys is empty). One pass
+ * instead of a gather, two key maps, a scatter and the hash's gathers. Raises ValueError on
+ * a position outside a, before writing anything. */
+static PyObject *apply_keys(PyObject *self, PyObject *args) {
+    int w, is_float, packed;
+    Py_ssize_t offset;
+    Py_buffer ab, pb, kb, keyb;
+    if (!PyArg_ParseTuple(args, "iiw*y*y*y*in", &w, &is_float, &ab, &pb, &kb, &keyb, &packed,
+                          &offset))
+        return NULL;
+    Py_ssize_t n = pb.len / 8, size = ab.len / (w > 0 ? w : 1);
+    int hash = keyb.len > 0;
+    if (check_width(w) || need(&kb, n * w, "kd") || (hash && need(&keyb, 48, "keys"))) {
+        RELEASE(&ab, &pb, &kb, &keyb);
+        return NULL;
+    }
+    const int64_t *pos = pb.buf;
+    const uint8_t *pk = kb.buf;
+    uint8_t *pa = ab.buf;
+    u64 k[6] = {0}, s0 = 0, s1 = 0, mask = w == 8 ? ~0ULL : (1ULL << (8 * w)) - 1;
+    if (hash) memcpy(k, keyb.buf, 48);
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) bad |= pos[i] < 0 || pos[i] >= size;
+    /* blocks of 256: the scattered reads and writes in tight loops (many misses in flight),
+     * then the hash over the block's values in cache */
+    u64 olds[256], news[256];
+    for (Py_ssize_t i0 = 0; i0 < n && !bad; i0 += 256) {
+        int m = n - i0 < 256 ? (int)(n - i0) : 256;
+        for (int j = 0; j < m; j++) olds[j] = load(pa + pos[i0 + j] * w, w);
+        for (int j = 0; j < m; j++) {
+            u64 d = load(pk + (i0 + j) * w, w);
+            news[j] = is_float ? float_unkey((float_key(olds[j], w) + d) & mask, w)
+                               : (olds[j] + d) & mask;
+            store(pa + pos[i0 + j] * w, w, news[j]);
+        }
+        if (!hash) continue;
+        for (int j = 0; j < m; j++) {
+            u64 q = (u64)pos[i0 + j] + (u64)offset;
+            s0 += element_hash(k, packed, q, news[j]) - element_hash(k, packed, q, olds[j]);
+            s1 += element_hash1(k, packed, q, news[j]) - element_hash1(k, packed, q, olds[j]);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    RELEASE(&ab, &pb, &kb, &keyb);
+    if (bad) return PyErr_Format(PyExc_ValueError, "position out of range");
+    return Py_BuildValue("KK", (unsigned long long)s0, (unsigned long long)s1);
+}
+
 /* Bit streams, most significant bit first (np.packbits' order). */
 typedef struct { uint8_t *p; u64 acc; int used; } BitWriter;
 
@@ -404,6 +478,7 @@ static PyMethodDef methods[] = {
     {"changes", changes, METH_VARARGS, "positions where two arrays differ, and both values"},
     {"small", small, METH_VARARGS, "positions whose magnitude bits are below a bound"},
     {"change_sum", change_sum, METH_VARARGS, "the additive hash's movement from changes"},
+    {"apply_keys", apply_keys, METH_VARARGS, "apply key differences, with the hash's movement"},
     {"rice_encode", rice_encode, METH_VARARGS, "Rice-code uint64 values"},
     {"rice_decode", rice_decode, METH_VARARGS, "decode Rice-coded uint64 values"},
     {"rank", rank, METH_VARARGS, "searchsorted for sorted keys"},

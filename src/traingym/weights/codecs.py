@@ -32,12 +32,13 @@ import bisect
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
 import zstandard
 
-from traingym.weights import entropy, lthash, tiered
+from traingym.weights import entropy, lthash, native, tiered
 from traingym.weights.base import BaseMismatch, IntegrityError, Payload, State, TensorEntry, UpdateHeader
 from traingym.weights.base import register_codec
 from traingym.weights.extract import cast_changes, changes
@@ -289,10 +290,29 @@ def _write(a: np.ndarray, pos: np.ndarray, new: np.ndarray, want: bool, times: d
     return (pos, old, new) if want else None
 
 
+class Moved(NamedTuple):
+    """What a fused apply (native.apply_keys) wrote: its count, and the hash's movement."""
+    n: int
+    sum: np.ndarray
+
+
+def _apply_keys(a, pos, kd, is_float, want, at, e, times, t0) -> Moved:
+    """a[pos] moves by kd in key space, with the hash's movement (when `want`) in the same
+    C pass: its time is "apply" (decode's own ends before it)."""
+    t1 = time.perf_counter()
+    keys = lthash.tensor_keys(e.name) if want else None
+    moved = native.apply_keys(a, pos, kd, is_float, keys, lthash.packs(a.itemsize, at[0]),
+                              at[1])
+    times["decode"], times["apply"] = t1 - t0, time.perf_counter() - t1
+    return Moved(int(pos.size), moved)
+
+
 def _apply_tensor(a: np.ndarray, e: TensorEntry, bufs: list[memoryview], dtype: torch.dtype,
-                  want: bool, times: dict):
-    """Apply one entry to `a` (its piece of the tensor, bits). -> (positions, old bits, new
-    bits) of the changed elements when `want` (for the incremental hash), else None."""
+                  want: bool, times: dict, at: tuple[int, int] = (0, 0)):
+    """Apply one entry to `a` (its piece, from element at[1], of a tensor of at[0] elements;
+    bits). -> (positions, old bits, new bits) of the changed elements when `want` (for the
+    incremental hash), else None; or, with the C kernels, `Moved` (written and hashed in one
+    pass) for "sparse" and "tiered" entries."""
     t0 = time.perf_counter()
     is_float = dtype.is_floating_point
     if e.method == "same":
@@ -333,6 +353,8 @@ def _apply_tensor(a: np.ndarray, e: TensorEntry, bufs: list[memoryview], dtype: 
         d = entropy.unzigzag(entropy.class_decode(classes, mantissa) + np.uint64(1))
         if d.size != pos.size:
             raise IntegrityError(f"{e.name}: {d.size} values for {pos.size} positions")
+        if native.lib is not None:
+            return _apply_keys(a, pos, d.astype(a.dtype), is_float, want, at, e, times, t0)
         ka = _keys(a[pos], is_float)
         kb = ka + d.astype(ka.dtype)  # wraps modulo 2^W, the inverse of _signed_diff
         return _write(a, pos, entropy.float_unkey(kb) if is_float else kb, want, times, t0)
@@ -340,6 +362,8 @@ def _apply_tensor(a: np.ndarray, e: TensorEntry, bufs: list[memoryview], dtype: 
         if dtype not in tiered.MANTISSA_BITS or len(bufs) != 1:
             raise IntegrityError(f"{e.name}: tiered entry for {dtype} with {len(bufs)} buffers")
         pos, kd = tiered.decode(a, bufs[0], e.n_changed, e.params, tiered.MANTISSA_BITS[dtype])
+        if native.lib is not None:
+            return _apply_keys(a, pos, kd, True, want, at, e, times, t0)
         new = entropy.float_unkey(entropy.float_key(a[pos]) + kd)
         return _write(a, pos, new, want, times, t0)
     raise IntegrityError(f"{e.name}: unknown method {e.method!r}")
@@ -431,10 +455,14 @@ def _apply_group(group: list[_Work], with_sum: bool) -> Changes:
         start, stop = _span(w.e, full.size)
         times: dict = {}
         try:
-            got = _apply_tensor(full[start:stop], w.e, w.bufs, w.dtype, with_sum, times)
+            got = _apply_tensor(full[start:stop], w.e, w.bufs, w.dtype, with_sum, times,
+                                (full.size, start))
         except (ValueError, zstandard.ZstdError) as err:
             raise IntegrityError(f"{w.e.name}: corrupt stream: {err}") from err
-        if got is not None:
+        if isinstance(got, Moved):
+            part.sum += got.sum
+            part.n_changed += got.n
+        elif got is not None:
             t0 = time.perf_counter()
             pos, old, new = got
             part.sum += lthash.change_sum(w.e.name, full.size, pos + start, old, new)

@@ -93,11 +93,16 @@ def _words(keys: np.ndarray, pos: np.ndarray, v: np.ndarray, packed: bool) -> np
     return _mix(p + keys[0, 2]) ^ v.astype(np.uint64)
 
 
+def packs(width: int, numel: int) -> bool:
+    """Whether an element of `width` bytes packs beside its position into one word."""
+    return width <= 4 and numel <= _FITS
+
+
 def element_sum(name: str, numel: int, pos: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Sum of h(name, pos[i], v[i]) (v: the elements' bits as unsigned ints; pos: flat
     positions in a tensor of `numel` elements)."""
     keys = tensor_keys(name)
-    packed = v.dtype.itemsize <= 4 and numel <= _FITS
+    packed = packs(v.dtype.itemsize, numel)
     out = zero()
     for i in range(0, pos.size, CHUNK):
         x = _words(keys, pos[i : i + CHUNK], v[i : i + CHUNK], packed)
@@ -112,8 +117,8 @@ def change_sum(name: str, numel: int, pos: np.ndarray, old: np.ndarray,
                new: np.ndarray) -> np.ndarray:
     """How the hash moves when tensor `name` changes from old[i] to new[i] at pos[i]."""
     if native.lib is not None:
-        packed = old.dtype.itemsize <= 4 and numel <= _FITS
-        return native.change_sum(tensor_keys(name), packed, pos, old, new)
+        return native.change_sum(tensor_keys(name), packs(old.dtype.itemsize, numel), pos, old,
+                                 new)
     return element_sum(name, numel, pos, new) - element_sum(name, numel, pos, old)
 
 

@@ -98,3 +98,14 @@ def unrank(s: np.ndarray, r: np.ndarray) -> np.ndarray:
     out = np.empty(r.size, np.int64)
     lib.unrank(np.ascontiguousarray(s, np.int64), np.ascontiguousarray(r, np.int64), out)
     return out
+
+
+def apply_keys(a: np.ndarray, pos: np.ndarray, kd: np.ndarray, is_float: bool,
+               keys: np.ndarray | None, packed: bool, offset: int) -> np.ndarray:
+    """a[pos] = unkey(key(a[pos]) + kd) in place (key: entropy.float_key for floats, else
+    none), and the additive hash's movement of those writes at pos + offset (zero without
+    `keys`). ValueError for a position outside `a`, before any write."""
+    s0, s1 = lib.apply_keys(a.itemsize, int(is_float), a, np.ascontiguousarray(pos, np.int64),
+                            np.ascontiguousarray(kd, a.dtype),
+                            b"" if keys is None else keys, int(packed), offset)
+    return np.array([s0, s1], np.uint64)
