@@ -207,3 +207,42 @@ def test_trainer_and_engine_do_not_share_weights(tmp_path, engine_dtype):
             t.add_(1.0)
     assert w.engine_hash() == before
     w.run.close()
+
+
+def test_an_engine_holding_the_trainers_tensors_gets_its_own_copy(tmp_path):
+    """An engine whose writable tensors are the trainer's own (same dtype, shared memory) is
+    not written in place: each delta would land in the masters and read the optimizer's
+    values as the old ones. The subscriber keeps a verified copy instead, and the trainer's
+    tensors change only by the trainer's hand."""
+    from traingym.config import WeightsConfig
+    from traingym.weights.colocated import ColocatedSync
+
+    torch.manual_seed(0)
+    trainer = {"a": torch.randn(64, 32), "b": torch.randn(1000)}
+
+    class SharingEngine:
+        served: list = []
+
+        def writable_state(self):
+            return dict(trainer)
+
+        def update_weights(self, state, version):
+            self.served.append((version, state_hash(state)))
+
+    engine = SharingEngine()
+    sync = ColocatedSync(engine, WeightsConfig(codec="delta"), torch.float32, tmp_path / "w")
+    try:
+        sync.publish(trainer, 0)
+        assert not sync.in_place
+        shared = {t.untyped_storage().data_ptr() for t in trainer.values()}
+        assert not shared & {t.untyped_storage().data_ptr()
+                             for t in sync.subscriber.state.values()}
+        for v in (1, 2):
+            with torch.no_grad():
+                trainer["a"][v, :5] += 0.5  # the optimizer's step
+            want = state_hash(trainer)
+            stats = sync.publish(trainer, v)
+            assert stats.codec == "delta" and engine.served[-1] == (v, want)
+            assert state_hash(trainer) == want  # the sync wrote nothing into the masters
+    finally:
+        sync.close()

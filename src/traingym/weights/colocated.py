@@ -135,11 +135,16 @@ class ColocatedSync:
 
     def _adopt_engine_tensors(self, wire: State) -> None:
         """Before the first update: the subscriber writes into the engine's own tensors when
-        they are exactly what is published (names, engine dtype, shapes, contiguous)."""
+        they are exactly what is published (names, engine dtype, shapes, contiguous) and
+        share no memory with the trainer's (an engine handed the trainer's own tensors would
+        have every delta written into the masters, and read the optimizer's values as the
+        "old" ones: it gets the subscriber's own copy instead)."""
         own = self._own
+        trainer = {t.untyped_storage().data_ptr() for t in wire.values()}
         fits = set(own) == set(wire) and all(
             own[k].dtype == self.dtype and own[k].shape == wire[k].shape
-            and own[k].is_contiguous() for k in wire)
+            and own[k].is_contiguous() for k in wire) and not any(
+            t.untyped_storage().data_ptr() in trainer for t in own.values())
         if fits:
             self.subscriber = Subscriber(self.subscriber.receiver, state=own)
         self.in_place, self._own = fits, None
