@@ -13,7 +13,10 @@ delta, per tensor, picks the smallest of:
 - xor: old ^ new, split into byte planes, zstd. For dense changes with large differences.
 - raw: the new bytes. Never worse than a full send of that tensor.
 Bit-exact for every dtype (floats get the key map, others are coded as plain integers):
-NaN payloads, infinities, -0.0 and subnormals round-trip. Vectorised numpy throughout.
+NaN payloads, infinities, -0.0 and subnormals round-trip. Vectorised numpy throughout; the
+per-element loops (change finding, listing small weights, Rice coding, the last decode step
+with the hash's movement) run in C where the package was built with a C compiler (native.py;
+the same bits, so either side decodes the other's payloads).
 
 Shards: with `threads` > 1 the encoder cuts the state into that many runs of about equal
 bytes (a tensor is cut where a run ends in it) and codes them in parallel; each piece is its

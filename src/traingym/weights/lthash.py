@@ -38,7 +38,10 @@ new value); xxh3 over a bf16 state is about 0.13 ns per element. At about 1% cha
 incremental check thus costs about what the two full hashes per delta it replaces did (the
 base re-hash and the target hash), less below that, and it follows the changes, not the
 model. From Python, one BLAKE2b call per element took about 1.7 us and an LtHash16-sized
-SHAKE-128 expansion (2 KB) about 27 us: 70x and 1100x the hash used here.
+SHAKE-128 expansion (2 KB) about 27 us: 70x and 1100x the hash used here. With the C
+kernels (native.py: the same sums), `change_sum` and the receiver's fused apply hash each
+element in a plain loop: benchmarks/weight_sync.py --sections scaling reports the verify
+phase per changed element (BENCHMARKS.md).
 
 Not covered: the hash of a whole state from scratch at memory speed (`state_sum` is for tests
 and checks; the sync starts every chain from an anchor checked with xxh3 and keeps the sum
