@@ -433,7 +433,10 @@ def main() -> None:
     else:
         print(f"SmolLM2-135M, AdamW lr={args.lr}, {args.steps} steps", flush=True)
         states = rl_stream(args.steps, args.lr, args.cache)
+    from traingym.weights import native
+
     res = {"model": args.model, "lr": args.lr, "steps": args.steps, "cpu": os.cpu_count(),
+           "native": native.lib is not None,  # the codec's C kernels (weights/native.py)
            "load_before": os.getloadavg()}
     densities = [step_sizes(a, b)["density"] for a, b in zip(states, states[1:])] \
         if "compress" not in sections else None

@@ -60,7 +60,7 @@ def test_changes_match_numpy(lib, monkeypatch, dtype, n, density):
 
 
 def test_changes_grow_past_the_first_guess(lib):
-    """Outputs start at 1/64 of the array; a dense run past that continues in new parts."""
+    """Outputs start at 1/16 of the array; a dense run past that continues in new parts."""
     a = np.zeros(200_000, np.uint16)
     b = a.copy()
     b[150_000:] = 1  # nothing at first, then everything

@@ -35,7 +35,7 @@ def changes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
         raise ValueError("changes needs two arrays of one dtype and size")
     a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
     parts, start, found = [], 0, 0
-    cap = min(n, max(1024, n // 64)) + 8
+    cap = min(n, max(1024, n // 16)) + 8  # to 6% changed in one go (untouched pages cost nothing)
     while True:
         pos, va, vb = np.empty(cap, np.int64), np.empty(cap, a.dtype), np.empty(cap, a.dtype)
         count, start = lib.changes(w, a, b, start, pos, va, vb)
