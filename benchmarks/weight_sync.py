@@ -19,7 +19,9 @@ Sections:
               receiver-verified; what "auto" picks. The link (--link): a veth pair into a
               network namespace with `tc tbf rate 1gbit` (needs root and `ip netns`), or a
               rate-limited loopback relay (token bucket, this process) where namespaces are
-              unavailable; `auto` (default) tries the namespace first.
+              unavailable; `auto` (default) tries the namespace first. Sends v0 full, v1
+              delta, v2 full, v3 auto, v4 and v5 delta; `median_delta_s` is the median of
+              the three deltas (v1, v4, v5). --threads: the publisher's and subscriber's.
   scaling     per delta, the sender's and receiver's time in change extraction, coding,
               transfer, verification and apply, for the model and its state tiled
               --tilings times, at the same density and at the same number of changes
@@ -338,7 +340,11 @@ def run_link(old, new, host_bind: str, connect_to: str, netns: bool,
     sender = TcpSender(TcpConfig(host=host_bind, send_timeout_s=300))
     relay = RateLimitedRelay(sender.port, relay_rate) if relay_rate else None
     port = relay.port if relay else sender.port
-    cmd = [sys.executable, __file__, "--receive", f"{connect_to}:{port}:4:{threads}"]
+    # v0 full (anchor), v1 delta, v2 full again (codec=full), v3 auto, v4 and v5 delta (the
+    # same change back and forth: three deltas, for a median on this shared machine)
+    plan = [("full", old), ("delta", new), ("full", old), ("auto", new), ("delta", old),
+            ("delta", new)]
+    cmd = [sys.executable, __file__, "--receive", f"{connect_to}:{port}:{len(plan)}:{threads}"]
     if netns:
         cmd = ["ip", "netns", "exec", NS, *cmd]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
@@ -346,8 +352,6 @@ def run_link(old, new, host_bind: str, connect_to: str, netns: bool,
     while sender.n_receivers < 1:
         time.sleep(0.05)
     results = {}
-    # v0 full (anchor), v1 delta, v2 full again (codec=full), v3 auto
-    plan = [("full", old), ("delta", new), ("full", old), ("auto", new)]
     pub = Publisher(sender, PublisherConfig(codec="delta", anchor_budget=10.0, threads=threads))
     for v, (codec, state) in enumerate(plan):
         pub.cfg = PublisherConfig(codec=codec, anchor_budget=10.0, threads=threads)
@@ -367,6 +371,9 @@ def run_link(old, new, host_bind: str, connect_to: str, netns: bool,
         relay.close()
     full_s = (results["v0_full"]["seconds"] + results["v2_full"]["seconds"]) / 2
     results["full_over_delta"] = full_s / results["v1_delta"]["seconds"]
+    delta_s = sorted(results[f"v{v}_delta"]["seconds"] for v in (1, 4, 5))[1]
+    results["median_delta_s"] = delta_s
+    results["full_v2_over_median_delta"] = results["v2_full"]["seconds"] / delta_s
     return results
 
 
