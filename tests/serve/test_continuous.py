@@ -179,3 +179,36 @@ def test_streams_of_several_choices_equal_plain_answers(ckpt_server):
             assert text[i] == want and fins[i] == c["finish_reason"], (path, i)
             assert lps.get(i, []) == pytest.approx(want_lps, abs=1e-6), (path, i)
         assert sorted(text) == [0, 1]
+
+
+def test_a_request_whose_stream_callback_raises_fails_alone(one_at_a_time):
+    """In process: a streaming request whose callback raises gets that error, its row is
+    retired, and a request beside it finishes with the engine's own answer; the batcher
+    keeps taking requests."""
+    from traingym.serve.continuous import ContinuousBatcher
+
+    engine, tok, stops = one_at_a_time
+    ids = tuple(tok("What is 2 + 3?", add_special_tokens=False)["input_ids"])
+
+    def req(n):
+        return GenerationRequest(ids, 1, SamplingParams(0, max_new_tokens=n,
+                                                        stop_token_ids=stops))
+
+    def boom(*_):
+        raise RuntimeError("the client's socket broke")
+
+    async def main():
+        b = ContinuousBatcher(engine, tok, stops)
+        b.start()
+        bad = b.open(req(40), on_event=boom)
+        good = asyncio.ensure_future(b.submit(req(12)))
+        with pytest.raises(RuntimeError, match="socket broke"):  # not a hang: 60 s at most
+            await asyncio.wait_for(asyncio.shield(bad.future), 60)
+        answer = (await asyncio.wait_for(good, 60))[0]
+        again = (await asyncio.wait_for(b.submit(req(5)), 60))[0]
+        await b.close()
+        return answer, again, b.decoder.live
+    answer, again, live = asyncio.run(main())
+    want = engine.generate_sync([req(12)])[0][0]
+    assert answer.token_ids == want.token_ids
+    assert len(again.token_ids) <= 5 and live == 0

@@ -13,8 +13,9 @@ through serve/text.py TextStream (whole characters only; nothing at or after a s
 A stop string ends the row at once, so it saves the remaining decode steps.
 
 Errors: a request whose prefill fails gets that error alone; a failing decode step fails the
-requests then live (the decoder is rebuilt) and the server goes on. A request whose client
-went away (cancelled `submit`, closed stream) has its rows retired before the next step.
+requests then live (the decoder is rebuilt) and the server goes on; a request whose own
+bookkeeping raises after a step (its stream's callback, its text decoding) fails alone, its
+rows retired, and the loop goes on. A request whose client went away (cancelled `submit`, closed stream) has its rows retired before the next step.
 """
 
 from __future__ import annotations
@@ -129,9 +130,17 @@ class ContinuousBatcher:
                 if ids is None:
                     _fail(h, errors[id(h)])
                     continue
-                self._joined(h, ids)
+                try:
+                    self._joined(h, ids)
+                except Exception as e:  # this request's bookkeeping failed: it alone fails
+                    self._drop(h, e)
             for t in tokens:
-                self._token(t)
+                h = self.by_row[t.row][0] if t.row in self.by_row else None
+                try:
+                    self._token(t)
+                except Exception as e:  # e.g. its stream's callback or text decoding raised
+                    if h is not None:
+                        self._drop(h, e)
             self.stats["steps"] += bool(tokens)
             self.stats["live_rows"] = self.decoder.live
             self.stats["max_live_rows"] = max(self.stats["max_live_rows"], len(tokens))
@@ -155,6 +164,17 @@ class ContinuousBatcher:
                         except Exception as e1:
                             errors[id(h)] = e1
         return rows, errors, self.decoder.step()
+
+    def _drop(self, h: Handle, e: Exception) -> None:
+        """Fail one request whose bookkeeping raised, and free its rows; the others go on."""
+        try:
+            _fail(h, e)
+        except Exception:  # its stream's callback raised again; its future holds the error
+            pass
+        h.cancelled = True
+        self.to_retire.update(h.rows)
+        for row in h.rows:
+            self.by_row.pop(row, None)
 
     def _joined(self, h: Handle, ids: list[int]) -> None:
         self.stats["admissions"] += 1
