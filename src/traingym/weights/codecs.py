@@ -33,8 +33,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -44,6 +43,7 @@ import zstandard
 from traingym.weights import entropy, lthash, native, tiered
 from traingym.weights.base import BaseMismatch, IntegrityError, Payload, State, TensorEntry, UpdateHeader
 from traingym.weights.base import register_codec
+from traingym.weights.changes import Changes, Pool
 from traingym.weights.extract import cast_changes, changes
 from traingym.weights.hashing import bits, dtype_name, dtype_of
 
@@ -113,41 +113,6 @@ def plan_pieces(state: State, shards: int) -> list[list[tuple[str, int, int]]]:
     return [run for run in out if run]
 
 
-@dataclass
-class Changes:
-    """What an encode or an apply changed, for the incremental hash and the sender's shadow:
-    `sum` is the additive hash's movement (lthash.py); `pieces` (name, start, positions,
-    new bits) the changed elements of each piece; `times` seconds per phase, summed over
-    pieces (over threads: CPU seconds, not wall)."""
-
-    sum: np.ndarray = field(default_factory=lthash.zero)
-    pieces: list = field(default_factory=list)
-    times: dict = field(default_factory=dict)
-    n_changed: int = 0
-
-    def add(self, times: dict) -> None:
-        for k, v in times.items():
-            self.times[k] = self.times.get(k, 0.0) + v
-
-
-class _Pool:
-    """A thread pool made on first use, for codecs and subscribers with threads > 1."""
-
-    def __init__(self, threads: int) -> None:
-        if threads < 1:
-            raise ValueError(f"threads must be at least 1, not {threads}")
-        self.threads, self._pool = threads, None
-
-    def map(self, fn, items: list) -> list:
-        if self.threads == 1 or len(items) <= 1:
-            return [fn(x) for x in items]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="weights-codec")
-        futures = [self._pool.submit(fn, x) for x in items]
-        wait(futures)  # all done before any error is raised: none still writes after it
-        return [f.result() for f in futures]
-
-
 @register_codec("full")
 class FullCodec:
     """Every tensor's bytes, copied (the payload must outlive later changes to the state)."""
@@ -175,7 +140,7 @@ class DeltaCodec:
 
     def __init__(self, level: int = 1, threads: int = 1) -> None:
         self.level, self.threads = level, threads
-        self._pool = _Pool(threads)
+        self._pool = Pool(threads)
 
     def encode(self, old: State | None, new: State) -> Payload:
         return self.encode_changes(old, new, with_sum=False)[0]
@@ -390,7 +355,7 @@ def _groups(entries: list, threads: int) -> list[list]:
     return [entries[i:j] for i, j in zip(bounds, bounds[1:])]
 
 
-_POOLS: dict[int, _Pool] = {}
+_POOLS: dict[int, Pool] = {}
 
 
 def apply(state: State | None, payload: Payload, threads: int = 1) -> State:
@@ -426,7 +391,7 @@ def apply_changes(state: State | None, payload: Payload, threads: int = 1,
         if any(i >= len(payload.buffers) for i in e.buffers):
             raise IntegrityError(f"{e.name}: buffer index out of range")
         work.append(_Work(e, t, dtype, [payload.buffers[i] for i in e.buffers]))
-    pool = _POOLS.setdefault(threads, _Pool(threads))
+    pool = _POOLS.setdefault(threads, Pool(threads))
     changes_ = Changes()
     for part in pool.map(lambda g: _apply_group(g, with_sum), _groups(work, threads)):
         changes_.sum += part.sum
