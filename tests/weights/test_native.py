@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import zstandard
 from prereq import missing
 
 from traingym.weights import entropy, extract, lthash, native, tiered
@@ -126,15 +127,62 @@ def test_rice_decode_refuses_bad_streams(lib):
         entropy.rice_decode(bytes(64) + b"\xff", low, esc, v.size, 3)
 
 
-def test_rank_and_unrank_match_searchsorted(lib):
-    rng = np.random.default_rng(3)
-    s = np.sort(rng.choice(100_000, 7_000, replace=False)).astype(np.int64)
-    x = np.sort(rng.integers(0, 110_000, 9_000)).astype(np.int64)
-    np.testing.assert_array_equal(native.rank(s, x), np.searchsorted(s, x))
-    r = np.sort(rng.choice(100_000 - s.size, 5_000, replace=False)).astype(np.int64)
-    want = r + np.searchsorted(s - np.arange(s.size), r, side="right")
-    np.testing.assert_array_equal(native.unrank(s, r), want)
-    assert not np.isin(want, s).any()
+MBITS = {np.uint16: 7, np.uint32: 23, np.uint64: 52}
+FLOATS = {np.uint16: "bfloat16", np.uint32: "float32", np.uint64: "float64"}
+
+
+def _tiered_case(rng, dtype, n):
+    """Old and new float bits where the small weights change often and the others rarely,
+    across zero and by many ulps too; a threshold and S from tiered.plan (or forced)."""
+    x = rng.standard_normal(n) * np.where(rng.random(n) < 0.1, 1e-5, 1e-1)
+    a = torch.from_numpy(x).to(getattr(torch, FLOATS[dtype])).view(
+        {np.uint16: torch.int16, np.uint32: torch.int32, np.uint64: torch.int64}[dtype]
+    ).numpy().view(dtype)
+    mbits = MBITS[dtype]
+    small = tiered.exponents(a, mbits) < np.median(tiered.exponents(a, mbits)) - 8
+    moved = small & (rng.random(n) < 0.8) | (rng.random(n) < 0.01)
+    b = a.copy()
+    steps = rng.integers(1, 40, n).astype(dtype) * np.where(rng.random(n) < 0.5, 1, -1).astype(dtype)
+    b[moved] = entropy.float_unkey(entropy.float_key(a[moved]) + steps[moved])
+    b[0], a[0] = dtype(1) << dtype(8 * a.itemsize - 1), dtype(1)  # +tiny -> -0.0 across zero
+    pos = np.flatnonzero(a != b)
+    e_pos = tiered.exponents(a[pos], mbits)
+    threshold, S = tiered.plan(a, e_pos, mbits)
+    if not threshold:
+        threshold = int(np.median(e_pos)) + 1
+        S = tiered.small_positions(a, threshold << mbits)
+    return a, b, pos, e_pos, threshold, S, mbits
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.uint64])
+@pytest.mark.parametrize("n", [1, 5000, 200_003])
+def test_tiered_split_and_join_match_numpy(lib, monkeypatch, dtype, n):
+    """tiered.encode and decode through the C reorderings: the same buffer and params as
+    NumPy's, and each side decodes the other's to the same positions and differences."""
+    rng = np.random.default_rng(n)
+    a, b, pos, e_pos, threshold, S, mbits = _tiered_case(rng, dtype, n)
+    zc = zstandard.ZstdCompressor(level=1)
+    got = tiered.encode(a, pos, a[pos], b[pos], e_pos, threshold, S, mbits, zc)
+    with monkeypatch.context() as m:
+        m.setattr(native, "lib", None)
+        want = tiered.encode(a, pos, a[pos], b[pos], e_pos, threshold, S, mbits, zc)
+        dec_n = tiered.decode(a, got[0], pos.size, got[1], mbits)
+    assert got[1] == want[1] and got[0] == want[0]
+    dec_c = tiered.decode(a, want[0], pos.size, want[1], mbits)
+    for p, kd in (dec_c, dec_n):
+        order = np.argsort(p)
+        np.testing.assert_array_equal(p[order], pos)
+        new = entropy.float_unkey(entropy.float_key(a[p]) + kd)
+        np.testing.assert_array_equal(new[order], b[pos])
+    np.testing.assert_array_equal(dec_c[0], dec_n[0])
+    np.testing.assert_array_equal(dec_c[1], dec_n[1])
+
+
+def test_tiered_join_refuses_positions_outside_the_base(lib):
+    a = np.zeros(100, np.uint16)
+    with pytest.raises(ValueError, match="position out of range"):
+        native.tiered_join(a, np.arange(100), np.array([100]), np.zeros(0, np.int64),
+                           bytes(2), 1, 7)
 
 
 def _states(seed=0):

@@ -10,6 +10,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef uint64_t u64;
@@ -428,49 +429,153 @@ static PyObject *rice_decode(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* rank(sorted, x, out): out[i] = the number of elements of `sorted` below x[i], for sorted
- * x (np.searchsorted(sorted, x)); int64 throughout. */
-static PyObject *rank(PyObject *self, PyObject *args) {
-    Py_buffer sb, xb, ob;
-    if (!PyArg_ParseTuple(args, "y*y*w*", &sb, &xb, &ob)) return NULL;
-    Py_ssize_t m = sb.len / 8, n = xb.len / 8;
-    if (need(&ob, n * 8, "out")) {
-        RELEASE(&sb, &xb, &ob);
-        return NULL;
-    }
-    const int64_t *s = sb.buf, *x = xb.buf;
-    int64_t *out = ob.buf;
-    Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t j = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        while (j < m && s[j] < x[i]) j++;
-        out[i] = j;
-    }
-    Py_END_ALLOW_THREADS
-    RELEASE(&sb, &xb, &ob);
-    Py_RETURN_NONE;
+/* The tiered method's reorderings (tiered.encode and tiered.decode; T = threshold, E(x) = the
+ * exponent field of x). Values travel as byte planes of the W-bit zigzagged key differences
+ * minus 1 (tiered.zigzag): tier S's changed elements first, stably ordered by old exponent
+ * (a counting sort over the T exponents below T), then tier R's in position order. */
+static inline u64 exponent(u64 x, int w, int mbits) {
+    return (x & ((w == 8 ? ~0ULL : (1ULL << (8 * w)) - 1) >> 1)) >> mbits;
 }
 
-/* unrank(sorted, r, out): out[i] = the r[i]-th (from 0) non-negative integer not in
- * `sorted`, for sorted r (r + np.searchsorted(sorted - arange, r, side="right")). */
-static PyObject *unrank(PyObject *self, PyObject *args) {
-    Py_buffer sb, rb, ob;
-    if (!PyArg_ParseTuple(args, "y*y*w*", &sb, &rb, &ob)) return NULL;
-    Py_ssize_t m = sb.len / 8, n = rb.len / 8;
-    if (need(&ob, n * 8, "out")) {
-        RELEASE(&sb, &rb, &ob);
+static inline u64 zz(u64 d, int w) {  /* W-bit zigzag minus 1, wrapped */
+    int bits = 8 * w;
+    u64 mask = w == 8 ? ~0ULL : (1ULL << bits) - 1;
+    int64_t sd = (int64_t)(d << (64 - bits)) >> (64 - bits);  /* sign-extend */
+    return ((((u64)sd << 1) ^ (u64)(sd >> 63)) - 1) & mask;
+}
+
+static inline u64 unzz(u64 z, int w) {
+    u64 mask = w == 8 ? ~0ULL : (1ULL << (8 * w)) - 1;
+    z = (z + 1) & mask;
+    return ((z >> 1) ^ (0 - (z & 1))) & mask;
+}
+
+/* Counting-sort offsets: off[e] = the number of exponents below e (e < t). NULL on no memory. */
+static Py_ssize_t *exponent_offsets(const Py_ssize_t *count, Py_ssize_t t) {
+    Py_ssize_t *off = malloc((size_t)(t + 1) * sizeof *off);
+    if (!off) return NULL;
+    Py_ssize_t run = 0;
+    for (Py_ssize_t e = 0; e < t; e++) { off[e] = run; run += count[e]; }
+    off[t] = run;
+    return off;
+}
+
+/* tiered_split(w, mbits, T, S, pos, a_pos, b_pos, ranks_s, ranks_r, planes) -> n_s. For the
+ * changes at sorted `pos` (old bits a_pos, new b_pos): ranks_s[:n_s], S's changed elements'
+ * indices in S; ranks_r[:n - n_s], R's as ranks among the positions not in S; planes (n * w
+ * bytes), the values in coded order. Every element of S must have exponent below T and
+ * every other one not (S lists exactly those). */
+static PyObject *tiered_split(PyObject *self, PyObject *args) {
+    int w, mbits;
+    Py_ssize_t t;
+    Py_buffer sb, pb, ab, bb, rsb, rrb, zb;
+    if (!PyArg_ParseTuple(args, "iiny*y*y*y*w*w*w*", &w, &mbits, &t, &sb, &pb, &ab, &bb, &rsb,
+                          &rrb, &zb))
+        return NULL;
+    Py_ssize_t m = sb.len / 8, n = pb.len / 8;
+    if (check_width(w) || need(&ab, n * w, "a_pos") || need(&bb, n * w, "b_pos")
+        || need(&rsb, n * 8, "ranks_s") || need(&rrb, n * 8, "ranks_r")
+        || need(&zb, n * w, "planes")) {
+        RELEASE(&sb, &pb, &ab, &bb, &rsb, &rrb, &zb);
         return NULL;
     }
-    const int64_t *s = sb.buf, *r = rb.buf;
-    int64_t *out = ob.buf;
-    Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t j = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        while (j < m && s[j] - j <= r[i]) j++;
-        out[i] = r[i] + j;
+    Py_ssize_t *count = calloc((size_t)t + 1, sizeof *count), *off = NULL;
+    const int64_t *S = sb.buf, *pos = pb.buf;
+    const uint8_t *pa = ab.buf, *pbv = bb.buf;
+    int64_t *rs = rsb.buf, *rr = rrb.buf;
+    uint8_t *z = zb.buf;
+    Py_ssize_t n_s = 0, n_r = 0;
+    int bad = count == NULL;
+    if (!bad) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            u64 e = exponent(load(pa + i * w, w), w, mbits);
+            if (e < (u64)t) count[e]++;
+        }
+        off = exponent_offsets(count, t);
+        bad = off == NULL;
+        Py_ssize_t j = 0, n_small = off ? off[t] : 0;
+        for (Py_ssize_t i = 0; i < n && !bad; i++) {
+            while (j < m && S[j] < pos[i]) j++;
+            u64 old = load(pa + i * w, w), e = exponent(old, w, mbits);
+            u64 d = float_key(load(pbv + i * w, w), w) - float_key(old, w);
+            Py_ssize_t slot;
+            if (e < (u64)t) {
+                rs[n_s++] = j;
+                slot = off[e]++;
+            } else {
+                rr[n_r++] = pos[i] - j;
+                slot = n_small + n_r - 1;
+            }
+            u64 v = zz(d, w);
+            for (int p = 0; p < w; p++) z[p * n + slot] = (uint8_t)(v >> (8 * p));
+        }
+        Py_END_ALLOW_THREADS
     }
-    Py_END_ALLOW_THREADS
-    RELEASE(&sb, &rb, &ob);
+    free(count);
+    free(off);
+    RELEASE(&sb, &pb, &ab, &bb, &rsb, &rrb, &zb);
+    if (bad) return PyErr_NoMemory();
+    return PyLong_FromSsize_t(n_s);
+}
+
+/* tiered_join(w, mbits, T, a, S, pos_s, r, planes, pos, kd): the inverse, given the base a:
+ * pos = pos_s (S's changed positions, sorted), then the r[i]-th positions not in S; kd = the
+ * key differences in that order, read from the planes (S's part in old-exponent order).
+ * ValueError for a position outside a or an S element at or above T, before any output. */
+static PyObject *tiered_join(PyObject *self, PyObject *args) {
+    int w, mbits;
+    Py_ssize_t t;
+    Py_buffer ab, sb, psb, rb, zb, pb, kb;
+    if (!PyArg_ParseTuple(args, "iiny*y*y*y*y*w*w*", &w, &mbits, &t, &ab, &sb, &psb, &rb, &zb,
+                          &pb, &kb))
+        return NULL;
+    Py_ssize_t size = ab.len / (w > 0 ? w : 1), m = sb.len / 8, n_s = psb.len / 8;
+    Py_ssize_t n = n_s + rb.len / 8;
+    if (check_width(w) || need(&zb, n * w, "planes") || need(&pb, n * 8, "pos")
+        || need(&kb, n * w, "kd")) {
+        RELEASE(&ab, &sb, &psb, &rb, &zb, &pb, &kb);
+        return NULL;
+    }
+    const uint8_t *pa = ab.buf, *z = zb.buf;
+    const int64_t *S = sb.buf, *ps = psb.buf, *r = rb.buf;
+    int64_t *pos = pb.buf;
+    uint8_t *kd = kb.buf;
+    Py_ssize_t *count = calloc((size_t)t + 1, sizeof *count), *off = NULL;
+    uint16_t *es = malloc((size_t)(n_s + 1) * sizeof *es);  /* exponents fit 11 bits */
+    const char *err = count && es ? NULL : "no memory";
+    if (!err) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n_s && !err; i++) {
+            if (ps[i] < 0 || ps[i] >= size) { err = "position out of range"; break; }
+            u64 e = exponent(load(pa + ps[i] * w, w), w, mbits);
+            if (e >= (u64)t) err = "tier S element above the threshold";
+            else count[es[i] = (uint16_t)e]++;
+        }
+        if (!err && !(off = exponent_offsets(count, t))) err = "no memory";
+        Py_ssize_t j = 0;
+        for (Py_ssize_t i = 0; i < n && !err; i++) {
+            Py_ssize_t slot;
+            if (i < n_s) {
+                pos[i] = ps[i];
+                slot = off[es[i]]++;
+            } else {
+                int64_t ri = r[i - n_s];
+                while (j < m && S[j] - j <= ri) j++;
+                pos[i] = ri + j;
+                slot = i;
+            }
+            u64 v = 0;
+            for (int p = 0; p < w; p++) v |= (u64)z[p * n + slot] << (8 * p);
+            store(kd + i * w, w, unzz(v, w));
+        }
+        Py_END_ALLOW_THREADS
+    }
+    free(count);
+    free(off);
+    free(es);
+    RELEASE(&ab, &sb, &psb, &rb, &zb, &pb, &kb);
+    if (err) return PyErr_Format(PyExc_ValueError, "%s", err);
     Py_RETURN_NONE;
 }
 
@@ -481,8 +586,8 @@ static PyMethodDef methods[] = {
     {"apply_keys", apply_keys, METH_VARARGS, "apply key differences, with the hash's movement"},
     {"rice_encode", rice_encode, METH_VARARGS, "Rice-code uint64 values"},
     {"rice_decode", rice_decode, METH_VARARGS, "decode Rice-coded uint64 values"},
-    {"rank", rank, METH_VARARGS, "searchsorted for sorted keys"},
-    {"unrank", unrank, METH_VARARGS, "the r-th integer not in a sorted set"},
+    {"tiered_split", tiered_split, METH_VARARGS, "the tiered method's ranks and value planes"},
+    {"tiered_join", tiered_join, METH_VARARGS, "the tiered method's positions and values"},
     {NULL, NULL, 0, NULL},
 };
 

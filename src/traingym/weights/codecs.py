@@ -204,7 +204,7 @@ class DeltaCodec:
         method, bufs, params, size = "raw", None, (), a.size
         options = []
         if pos.size < 0.5 * a.size:
-            options.append(self._sparse(a, b, pos, a_pos, b_pos, o.dtype, zc))
+            options.append(self._sparse(a, pos, a_pos, b_pos, o.dtype, zc))
         if pos.size >= XOR_MIN_DENSITY * a.size:
             planes = (a ^ b).view(np.uint8).reshape(-1, a.itemsize).T.copy()
             options.append(("xor", [zc.compress(planes.data)], ()))
@@ -225,18 +225,18 @@ class DeltaCodec:
             {"extract": t1 - t0, "code": t2 - t1, "verify": t3 - t2}
 
     @staticmethod
-    def _sparse(a, b, pos, a_pos, b_pos, dtype, zc):
+    def _sparse(a, pos, a_pos, b_pos, dtype, zc):
         """-> ("tiered" or "sparse", buffers, params)."""
-        is_float = dtype.is_floating_point
-        ka, kb = _keys(a_pos, is_float), _keys(b_pos, is_float)
         mbits = tiered.MANTISSA_BITS.get(dtype)
         if mbits is not None:
             e_pos = tiered.exponents(a_pos, mbits)
             threshold, small = tiered.plan(a, e_pos, mbits)
             if threshold:
-                buf, params = tiered.encode(a, b, pos, e_pos, kb - ka, threshold, small, zc)
+                buf, params = tiered.encode(a, pos, a_pos, b_pos, e_pos, threshold, small,
+                                            mbits, zc)
                 return "tiered", [buf], params
-        d = _signed_diff(ka, kb)
+        is_float = dtype.is_floating_point
+        d = _signed_diff(_keys(a_pos, is_float), _keys(b_pos, is_float))
         gaps = np.diff(pos, prepend=-1).astype(np.uint64) - np.uint64(1)
         k = entropy.best_k(gaps)
         unary, low, gesc, n_gesc = entropy.rice_encode(gaps, k)

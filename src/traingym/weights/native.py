@@ -1,8 +1,8 @@
 """The delta codec's C kernels (_native.c), with the NumPy signatures of the functions they
 replace: extract.changes, tiered.small_positions, lthash.change_sum, entropy.rice_encode /
-rice_decode, and two sorted merges (searchsorted over sorted keys). Each gives the same bits
-as its NumPy version (tests/weights/test_native.py), so a payload coded on either side
-decodes on the other.
+rice_decode, and the tiered method's reorderings (tiered.encode's ranks and value planes,
+tiered.decode's positions and values). Each gives the same bits as its NumPy version
+(tests/weights/test_native.py), so a payload coded on either side decodes on the other.
 
 `lib` is the compiled module, or None where it was not built (no C compiler at install: the
 build skips it, setup.py) or TRAINGYM_NATIVE=0 is set; callers then use NumPy.
@@ -86,20 +86,6 @@ def rice_decode(unary, low, escaped, n: int, k: int) -> np.ndarray:
     return out
 
 
-def rank(s: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """np.searchsorted(s, x) for sorted x (both int64)."""
-    out = np.empty(x.size, np.int64)
-    lib.rank(np.ascontiguousarray(s, np.int64), np.ascontiguousarray(x, np.int64), out)
-    return out
-
-
-def unrank(s: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """The r[i]-th non-negative integer not in sorted s, for sorted r (both int64)."""
-    out = np.empty(r.size, np.int64)
-    lib.unrank(np.ascontiguousarray(s, np.int64), np.ascontiguousarray(r, np.int64), out)
-    return out
-
-
 def apply_keys(a: np.ndarray, pos: np.ndarray, kd: np.ndarray, is_float: bool,
                keys: np.ndarray | None, packed: bool, offset: int) -> np.ndarray:
     """a[pos] = unkey(key(a[pos]) + kd) in place (key: entropy.float_key for floats, else
@@ -109,3 +95,28 @@ def apply_keys(a: np.ndarray, pos: np.ndarray, kd: np.ndarray, is_float: bool,
                             np.ascontiguousarray(kd, a.dtype),
                             b"" if keys is None else keys, int(packed), offset)
     return np.array([s0, s1], np.uint64)
+
+
+def tiered_split(S: np.ndarray, pos: np.ndarray, a_pos: np.ndarray, b_pos: np.ndarray,
+                 threshold: int, mbits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """tiered.encode's reordering: (S's changed elements' indices in S, R's ranks among the
+    positions not in S, the value planes: uint8, W rows of n)."""
+    n, w = pos.size, a_pos.itemsize
+    ranks_s, ranks_r = np.empty(n, np.int64), np.empty(n, np.int64)
+    planes = np.empty((w, n), np.uint8)
+    n_s = lib.tiered_split(w, mbits, threshold, np.ascontiguousarray(S, np.int64),
+                           np.ascontiguousarray(pos, np.int64), np.ascontiguousarray(a_pos),
+                           np.ascontiguousarray(b_pos), ranks_s, ranks_r, planes)
+    return ranks_s[:n_s], ranks_r[: n - n_s], planes
+
+
+def tiered_join(a: np.ndarray, S: np.ndarray, pos_s: np.ndarray, r: np.ndarray, planes,
+                threshold: int, mbits: int) -> tuple[np.ndarray, np.ndarray]:
+    """tiered.decode's reordering: (S's changed positions then the r-th positions not in S,
+    their key differences from the planes). ValueError for a position outside `a`."""
+    n = pos_s.size + r.size
+    pos, kd = np.empty(n, np.int64), np.empty(n, a.dtype)
+    lib.tiered_join(a.itemsize, mbits, threshold, np.ascontiguousarray(a),
+                    np.ascontiguousarray(S, np.int64), np.ascontiguousarray(pos_s, np.int64),
+                    np.ascontiguousarray(r, np.int64), planes, pos, kd)
+    return pos, kd

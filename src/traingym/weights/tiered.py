@@ -143,11 +143,6 @@ def _unrice(unary, low, esc, n: int, k: int, limit: int) -> np.ndarray:
     return ranks
 
 
-def _rank(S: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """np.searchsorted(S, x) for sorted x."""
-    return native.rank(S, x) if native.lib is not None else np.searchsorted(S, x)
-
-
 def zigzag(d: np.ndarray) -> np.ndarray:
     """W-bit wrapped differences (unsigned) -> W-bit zigzag, minus 1 (d is never 0): +1 and
     -1 become 1 and 0, small magnitudes stay small."""
@@ -161,25 +156,30 @@ def unzigzag(z: np.ndarray) -> np.ndarray:
             ^ -(z & z.dtype.type(1)).view(f"i{z.itemsize}")).view(z.dtype)
 
 
-def encode(a: np.ndarray, b: np.ndarray, pos: np.ndarray, e_pos: np.ndarray, kd: np.ndarray,
-           threshold: int, S: np.ndarray, zc) -> tuple[bytes, tuple[int, ...]]:
-    """-> (the one buffer, params). pos: changed positions (sorted); e_pos: their old
-    exponents; kd: their key differences, W-bit wrapped (never 0); threshold and S from
-    `plan`."""
-    in_s = e_pos < threshold  # (index arrays below: numpy's boolean indexing is slower)
-    i_s, i_r = np.flatnonzero(in_s), np.flatnonzero(~in_s)
-    ranks = _rank(S, pos[i_s])  # where S's changed elements sit in S
+def encode(a: np.ndarray, pos: np.ndarray, a_pos: np.ndarray, b_pos: np.ndarray,
+           e_pos: np.ndarray, threshold: int, S: np.ndarray, mbits: int,
+           zc) -> tuple[bytes, tuple[int, ...]]:
+    """-> (the one buffer, params). pos: changed positions (sorted); a_pos, b_pos: their old
+    and new bits; e_pos: their old exponents; threshold and S from `plan`."""
+    if native.lib is not None:
+        ranks, ranks_r, planes = native.tiered_split(S, pos, a_pos, b_pos, threshold, mbits)
+    else:
+        kd = entropy.float_key(b_pos) - entropy.float_key(a_pos)
+        in_s = e_pos < threshold  # (index arrays below: numpy's boolean indexing is slower)
+        i_s, i_r = np.flatnonzero(in_s), np.flatnonzero(~in_s)
+        ranks = np.searchsorted(S, pos[i_s])  # where S's changed elements sit in S
+        pos_r = pos[i_r]
+        ranks_r = pos_r - np.searchsorted(S, pos_r)
+        order = i_s[np.argsort(e_pos[i_s], kind="stable")]
+        z = zigzag(np.concatenate([kd[order], kd[i_r]]))
+        planes = z.view(np.uint8).reshape(-1, z.itemsize).T.copy()  # low bytes, then high
     mode = int(2 * ranks.size > S.size)  # 1: send the unchanged ones of S
     if mode:
         unchanged = np.ones(S.size, bool)
         unchanged[ranks] = False
         ranks = np.flatnonzero(unchanged)
     s_streams, k_s, esc_s = _rice(ranks)
-    pos_r = pos[i_r]
-    r_streams, k_r, esc_r = _rice(pos_r - _rank(S, pos_r))
-    order = i_s[np.argsort(e_pos[i_s], kind="stable")]
-    z = zigzag(np.concatenate([kd[order], kd[i_r]]))
-    planes = z.view(np.uint8).reshape(-1, z.itemsize).T.copy()  # low bytes, then high
+    r_streams, k_r, esc_r = _rice(ranks_r)
     streams = [*s_streams, *r_streams, zc.compress(planes.data)]
     params = (threshold, mode, ranks.size, k_s, esc_s, k_r, esc_r, *(len(x) for x in streams[:-1]))
     return b"".join(streams), params
@@ -209,12 +209,13 @@ def decode(a: np.ndarray, buf, n_changed: int, params: tuple[int, ...], mbits: i
     if n_r < 0:
         raise ValueError("more changes in tier S than in the tensor")
     r = _unrice(u_r, l_r, e_r, n_r, k_r, a.size - S.size)
-    pos_r = native.unrank(S, r) if native.lib is not None else \
-        r + np.searchsorted(S - np.arange(S.size), r, side="right")  # the r-th not in S
     w = a.itemsize
     planes = zstandard.ZstdDecompressor().decompress(values_z, max_output_size=n_changed * w)
     if len(planes) != n_changed * w:
         raise ValueError(f"value stream holds {len(planes)} bytes, not {n_changed * w}")
+    if native.lib is not None:
+        return native.tiered_join(a, S, pos_s, r, planes, threshold, mbits)
+    pos_r = r + np.searchsorted(S - np.arange(S.size), r, side="right")  # the r-th not in S
     kd = unzigzag(np.frombuffer(planes, np.uint8).reshape(w, -1).T.copy().view(a.dtype)
                   .reshape(-1))
     order = np.argsort(exponents(a[pos_s], mbits), kind="stable")
