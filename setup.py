@@ -5,4 +5,4 @@ codec uses its NumPy versions (weights/native.py)."""
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("traingym.weights._native", ["src/traingym/weights/_native.c"],
-                             extra_compile_args=["-O3"], optional=True)])
+                             extra_compile_args=["-O3"], libraries=["m"], optional=True)])

@@ -178,6 +178,27 @@ def test_tiered_split_and_join_match_numpy(lib, monkeypatch, dtype, n):
     np.testing.assert_array_equal(dec_c[1], dec_n[1])
 
 
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.uint64])
+@pytest.mark.parametrize("n", [1, 5000, 200_003])
+def test_plan_matches_numpy(lib, monkeypatch, dtype, n):
+    """The same threshold and tier S as tiered.plan's NumPy version (these cases have no
+    near-ties), also where no tier pays (uniform changes)."""
+    rng = np.random.default_rng(n + 1)
+    a, b, pos, e_pos, _, _, mbits = _tiered_case(rng, dtype, n)
+    flat = rng.choice(n, max(1, n // 50), replace=False)
+    flat.sort()
+    for e in (e_pos, tiered.exponents(a[flat], mbits)):
+        got = tiered.plan(a, e, mbits)
+        with monkeypatch.context() as m:
+            m.setattr(native, "lib", None)
+            want = tiered.plan(a, e, mbits)
+        assert got[0] == want[0]
+        if want[0]:
+            np.testing.assert_array_equal(got[1], want[1])
+        else:
+            assert got[1] is None and want[1] is None
+
+
 def test_tiered_join_refuses_positions_outside_the_base(lib):
     a = np.zeros(100, np.uint16)
     with pytest.raises(ValueError, match="position out of range"):

@@ -9,6 +9,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -579,6 +580,110 @@ static PyObject *tiered_join(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* tiered.plan's arithmetic: the zeroth-order position bits for each threshold T, given the
+ * element counts s[T] and changed counts hs[T] below it (m log m - k log k - (m-k) log (m-k)
+ * per tier, plus price bits per element of S). The same formula as tiered._cost; the sums
+ * may round differently in the last bit, so a near-tie may pick another threshold (a payload
+ * that decodes all the same). -> the first T with the lowest cost; cost[] filled. */
+static inline double xlog(double x) { return x > 1.0 ? x * log2(x) : 0.0; }
+
+static Py_ssize_t cheapest(const double *s, const double *hs, Py_ssize_t k, double big_n,
+                           double n, double price, double *cost) {
+    Py_ssize_t best = 0;
+    for (Py_ssize_t t = 0; t < k; t++) {
+        double r = big_n - s[t] > 0 ? big_n - s[t] : 0.0, hr = n - hs[t];
+        cost[t] = xlog(s[t]) - xlog(hs[t]) - xlog(s[t] - hs[t]) + xlog(r) - xlog(hr)
+                  - xlog(r - hr) + price * s[t];
+        if (cost[t] < cost[best]) best = t;
+    }
+    return best;
+}
+
+/* plan(w, mbits, a, e_changed, sample, price, min_gain) -> (T, S bytes) or (0, None):
+ * tiered.plan in one call (its docstring says how). S: the sorted int64 positions of the
+ * elements of `a` with exponent below T. */
+static PyObject *plan(PyObject *self, PyObject *args) {
+    int w, mbits;
+    Py_ssize_t sample;
+    double price, min_gain;
+    Py_buffer ab, eb;
+    if (!PyArg_ParseTuple(args, "iiy*y*ndd", &w, &mbits, &ab, &eb, &sample, &price, &min_gain))
+        return NULL;
+    if (check_width(w) || 8 * w - 1 - mbits < 1 || 8 * w - 1 - mbits > 12) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "no exponent field");
+        RELEASE(&ab, &eb);
+        return NULL;
+    }
+    Py_ssize_t size = ab.len / w, n = eb.len / w, n_e = (Py_ssize_t)1 << (8 * w - 1 - mbits);
+    const uint8_t *pa = ab.buf, *pe = eb.buf;
+    double *buf = calloc((size_t)(6 * (n_e + 1)), sizeof *buf);
+    int64_t *S = NULL;
+    Py_ssize_t best = 0, count = 0;
+    int nomem = buf == NULL;
+    if (!nomem) {
+        Py_BEGIN_ALLOW_THREADS
+        double *hit = buf, *hs = hit + (n_e + 1), *cnt = hs + (n_e + 1), *cs = cnt + (n_e + 1);
+        double *cost = cs + (n_e + 1), *smp = cost + (n_e + 1);
+        for (Py_ssize_t i = 0; i < n; i++) {  /* e_changed holds exponents already */
+            u64 e = load(pe + i * w, w);
+            if (e < (u64)n_e) hit[e] += 1.0;
+        }
+        Py_ssize_t step = size / sample > 1 ? size / sample : 1, taken = 0;
+        for (Py_ssize_t i = 0; i < size; i += step, taken++)
+            smp[exponent(load(pa + i * w, w), w, mbits)] += 1.0;
+        double scale = taken ? (double)size / (double)taken : 0.0;
+        for (Py_ssize_t e = 0; e < n_e; e++) {
+            double c = smp[e] * scale;
+            cnt[e] = c > hit[e] ? c : hit[e];
+            hs[e + 1] = hs[e] + hit[e];
+            cs[e + 1] = cs[e] + cnt[e];
+        }
+        Py_ssize_t guess = cheapest(cs, hs, n_e + 1, (double)size, (double)n, price, cost);
+        if (guess > 0) {
+            /* list S for the guess, then its exact counts (in cs) may lower T */
+            Py_ssize_t cap = 1024, i = 0;
+            u64 mag = (w == 8 ? ~0ULL : (1ULL << (8 * w)) - 1) >> 1;
+            while (!nomem) {
+                int64_t *grown = realloc(S, (size_t)cap * sizeof *S);
+                if (!grown) { nomem = 1; break; }
+                S = grown;
+                Py_ssize_t got = 0;
+                i = small_kernel(w, pa, mag, (u64)guess << mbits, size, i, cap - count,
+                                 S + count, &got);
+                count += got;
+                if (i >= size) break;
+                cap *= 2;
+            }
+            if (!nomem) {
+                memset(cnt, 0, (size_t)(n_e + 1) * sizeof *cnt);
+                for (Py_ssize_t j = 0; j < count; j++)
+                    cnt[exponent(load(pa + S[j] * w, w), w, mbits)] += 1.0;
+                for (Py_ssize_t e = 0; e < guess; e++) cs[e + 1] = cs[e] + cnt[e];
+                best = cheapest(cs, hs, guess + 1, (double)size, (double)n, price, cost);
+                if (best == 0 || cost[best] >= (1 - min_gain) * cost[0]) best = 0;
+                else if (best < guess) {  /* keep the elements below best, in place */
+                    Py_ssize_t c = 0;
+                    for (Py_ssize_t j = 0; j < count; j++)
+                        if (exponent(load(pa + S[j] * w, w), w, mbits) < (u64)best) S[c++] = S[j];
+                    count = c;
+                }
+            }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    free(buf);
+    RELEASE(&ab, &eb);
+    if (nomem) {
+        free(S);
+        return PyErr_NoMemory();
+    }
+    PyObject *out = best ? PyBytes_FromStringAndSize((const char *)S, count * 8) : NULL;
+    free(S);
+    if (best && !out) return NULL;
+    if (!best) return Py_BuildValue("nO", (Py_ssize_t)0, Py_None);
+    return Py_BuildValue("nN", best, out);
+}
+
 static PyMethodDef methods[] = {
     {"changes", changes, METH_VARARGS, "positions where two arrays differ, and both values"},
     {"small", small, METH_VARARGS, "positions whose magnitude bits are below a bound"},
@@ -586,6 +691,7 @@ static PyMethodDef methods[] = {
     {"apply_keys", apply_keys, METH_VARARGS, "apply key differences, with the hash's movement"},
     {"rice_encode", rice_encode, METH_VARARGS, "Rice-code uint64 values"},
     {"rice_decode", rice_decode, METH_VARARGS, "decode Rice-coded uint64 values"},
+    {"plan", plan, METH_VARARGS, "the tiered method's threshold and tier S"},
     {"tiered_split", tiered_split, METH_VARARGS, "the tiered method's ranks and value planes"},
     {"tiered_join", tiered_join, METH_VARARGS, "the tiered method's positions and values"},
     {NULL, NULL, 0, NULL},

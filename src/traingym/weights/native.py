@@ -1,8 +1,11 @@
 """The delta codec's C kernels (_native.c), with the NumPy signatures of the functions they
 replace: extract.changes, tiered.small_positions, lthash.change_sum, entropy.rice_encode /
-rice_decode, and the tiered method's reorderings (tiered.encode's ranks and value planes,
-tiered.decode's positions and values). Each gives the same bits as its NumPy version
-(tests/weights/test_native.py), so a payload coded on either side decodes on the other.
+rice_decode, and the tiered method's planning (tiered.plan) and reorderings (tiered.encode's
+ranks and value planes, tiered.decode's positions and values). Each gives the same bits as
+its NumPy version (tests/weights/test_native.py), so a payload coded on either side decodes
+on the other. One caveat: the plan's costs are floating-point sums that may round
+differently, so on a near-tie the two may pick different thresholds (either payload still
+decodes on both sides).
 
 `lib` is the compiled module, or None where it was not built (no C compiler at install: the
 build skips it, setup.py) or TRAINGYM_NATIVE=0 is set; callers then use NumPy.
@@ -120,3 +123,11 @@ def tiered_join(a: np.ndarray, S: np.ndarray, pos_s: np.ndarray, r: np.ndarray, 
                     np.ascontiguousarray(S, np.int64), np.ascontiguousarray(pos_s, np.int64),
                     np.ascontiguousarray(r, np.int64), planes, pos, kd)
     return pos, kd
+
+
+def plan(a: np.ndarray, e_changed: np.ndarray, mbits: int, sample: int, price: float,
+         min_gain: float) -> tuple[int, np.ndarray | None]:
+    """tiered.plan with its listing pass (read-only S)."""
+    best, S = lib.plan(a.itemsize, mbits, np.ascontiguousarray(a),
+                       np.ascontiguousarray(e_changed, a.dtype), sample, price, min_gain)
+    return best, None if S is None else np.frombuffer(S, np.int64)

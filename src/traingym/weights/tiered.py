@@ -107,7 +107,9 @@ def plan(a: np.ndarray, e_changed: np.ndarray, mbits: int) -> tuple[int, np.ndar
     sorted positions of the elements below it; (0, None) when no tier saves MIN_GAIN.
     Changed elements are counted exactly, the others from a strided sample; the pass then
     lists S, whose exact counts may lower T (a sample misjudges the rare small exponents of a
-    large tensor, such as the embedding)."""
+    large tensor, such as the embedding). With the C kernels, one call does all of it."""
+    if native.lib is not None:
+        return native.plan(a, e_changed, mbits, SAMPLE, S_PRICE, MIN_GAIN)
     n_e = 1 << (8 * a.itemsize - 1 - mbits)
     hit = np.bincount(_counts_ok(e_changed), minlength=n_e).astype(np.float64)
     hs = np.concatenate([[0.0], np.cumsum(hit)])  # hs[T]: changed elements with exponent < T
