@@ -259,3 +259,35 @@ def test_multi_turn_env_is_single_use():
     assert env_run(env.step(Completion(obs.prompt_ids, ids, [0.0] * len(ids), "length", 0))).done
     with pytest.raises(RuntimeError, match="single-use"):
         env_run(env.step(Completion(obs.prompt_ids + tuple(ids), ids, [0.0], "length", 0)))
+
+
+class StopsAtOnceEngine(ScriptedEngine):
+    """Sample 0 of every request (every request after the first turn) stops at once with no
+    tokens (a plain OpenAI server does not report the stop token); the others as
+    ScriptedEngine. `finish` for the empty one."""
+
+    finish = "stop"
+
+    async def generate(self, requests):
+        out = await super().generate(requests)
+        for comps, r in zip(out, requests):
+            comps[0] = Completion(r.prompt_ids, [], [], self.finish, self.version)
+        return out
+
+
+def test_an_empty_turn_that_stopped_is_a_turn_and_an_empty_one_that_did_not_is_refused():
+    def collect(engine):
+        runner = RolloutRunner(engine, lambda ex: ScriptedEnv(ex, turns=2),
+                               SamplingParams(max_new_tokens=2), 2, tokenizer=IdsTokenizer(),
+                               limits=EpisodeLimits(max_turns=5))
+        return runner.collect([(0, {"prompt": "x"})], seed=1)
+
+    (group,) = collect(StopsAtOnceEngine())
+    a, b = group.samples
+    assert a.completion_ids == [7, 8, 9] and a.loss_mask == [0, 0, 0]  # two empty turns
+    assert a.turns == 2 and a.reward == 1.25 and a.final_text == ""
+    assert b.completion_ids == [1001, 1051, 7, 8, 9] and b.turns == 2  # turn 2: n=1, empty
+    engine = StopsAtOnceEngine()
+    engine.finish = "length"
+    with pytest.raises(ContextError, match="no tokens that did not stop"):
+        collect(engine)

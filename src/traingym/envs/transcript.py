@@ -47,13 +47,16 @@ class Transcript:
         return self.prompt_ids + tuple(self.completion_ids)
 
     def add_policy(self, completion: Completion) -> None:
-        """Append one turn of policy tokens; the completion must continue this very context."""
+        """Append one turn of policy tokens; the completion must continue this very context.
+        An empty turn counts only when the model stopped at once (finish "stop"): a server
+        speaking the plain OpenAI API does not report the stop token it ended on."""
         if tuple(completion.prompt_ids) != self.context:
             at = _first_mismatch(completion.prompt_ids, self.context)
             raise ContextError(f"completion was sampled from a different context (first "
                                f"difference at token {at} of {len(self)})")
-        if not completion.token_ids:
-            raise ContextError("a policy turn needs at least one token")
+        if not completion.token_ids and completion.finish_reason != "stop":
+            raise ContextError(f"a policy turn with no tokens that did not stop (finish "
+                               f"{completion.finish_reason!r}): the engine returned nothing")
         self.completion_ids += completion.token_ids
         self.loss_mask += [1] * len(completion.token_ids)
         self.logprobs += completion.logprobs
