@@ -291,3 +291,42 @@ def test_an_empty_turn_that_stopped_is_a_turn_and_an_empty_one_that_did_not_is_r
     engine.finish = "length"
     with pytest.raises(ContextError, match="no tokens that did not stop"):
         collect(engine)
+
+
+class ClosingEnv(ScriptedEnv):
+    """ScriptedEnv with a close() that counts; `fail_step` raises in step, `fail_close` in
+    close."""
+
+    closed: list = []
+
+    def __init__(self, example, turns=3, fail_step=False, fail_close=False):
+        super().__init__(example, turns)
+        self.fail_step, self.fail_close = fail_step, fail_close
+
+    async def step(self, c):
+        if self.fail_step:
+            raise RuntimeError("env broke")
+        return await super().step(c)
+
+    async def close(self):
+        ClosingEnv.closed.append(self)
+        if self.fail_close:
+            raise OSError("session already gone")
+
+
+def test_the_runner_closes_every_env_when_its_collection_ends():
+    """Episodes cut by max_turns (never done), a collection that fails, and a close that
+    raises (a warning, the groups still returned): each env's close() is awaited once."""
+    ClosingEnv.closed = []
+    (group,), _ = _collect(lambda ex: ClosingEnv(ex), EpisodeLimits(max_turns=1))
+    assert len(group.samples) == 2 and len(ClosingEnv.closed) == 2  # cut, then closed
+    assert len({id(e) for e in ClosingEnv.closed}) == 2
+    ClosingEnv.closed = []
+    with pytest.raises(RuntimeError, match="env broke"):
+        _collect(lambda ex: ClosingEnv(ex, fail_step=True), EpisodeLimits(max_turns=5))
+    assert len(ClosingEnv.closed) == 2
+    ClosingEnv.closed = []
+    with pytest.warns(RuntimeWarning, match="2 of 2 envs failed to close.*session already"):
+        (group,), _ = _collect(lambda ex: ClosingEnv(ex, turns=1, fail_close=True),
+                               EpisodeLimits(max_turns=5))
+    assert [s.reward for s in group.samples] == [1.0, 1.0] and len(ClosingEnv.closed) == 2

@@ -162,10 +162,10 @@ def test_tiered_split_and_join_match_numpy(lib, monkeypatch, dtype, n):
     rng = np.random.default_rng(n)
     a, b, pos, e_pos, threshold, S, mbits = _tiered_case(rng, dtype, n)
     zc = zstandard.ZstdCompressor(level=1)
-    got = tiered.encode(a, pos, a[pos], b[pos], e_pos, threshold, S, mbits, zc)
+    got = tiered.encode(pos, a[pos], b[pos], e_pos, threshold, S, mbits, zc)
     with monkeypatch.context() as m:
         m.setattr(native, "lib", None)
-        want = tiered.encode(a, pos, a[pos], b[pos], e_pos, threshold, S, mbits, zc)
+        want = tiered.encode(pos, a[pos], b[pos], e_pos, threshold, S, mbits, zc)
         dec_n = tiered.decode(a, got[0], pos.size, got[1], mbits)
     assert got[1] == want[1] and got[0] == want[0]
     dec_c = tiered.decode(a, want[0], pos.size, want[1], mbits)

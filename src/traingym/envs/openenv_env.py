@@ -152,8 +152,8 @@ def _string_fields(schema: dict) -> list[str]:
 
 
 def _close_later(loop: asyncio.AbstractEventLoop, ws) -> None:
-    """An episode the runner stopped (max_turns) never says done: close its session when the
-    env object goes away, so the server's session slot is freed."""
+    """An episode stopped short (max_turns) never says done: the runner closes its session in
+    `close`; an episode driven elsewhere, when the env object goes away."""
     if not loop.is_closed():
         loop.call_soon_threadsafe(lambda: loop.create_task(ws.close()))
 
@@ -192,6 +192,11 @@ class OpenEnvEnv(MultiTurnEnv):
                                                            if v is not None}})
         self._first = self._text(obs)
         return await super().reset()
+
+    async def close(self) -> None:
+        """End the session (runner: when the collection ends; also after `done`)."""
+        if self.ws is not None:
+            await self.ws.close()
 
     def first_messages(self) -> list[dict[str, Any]]:
         prompt = self.example.get("prompt")

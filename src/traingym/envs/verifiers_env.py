@@ -237,8 +237,8 @@ async def _rollout(env, example: dict[str, Any], channel: _Channel) -> None:
 
 
 def _cancel_later(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> None:
-    """An episode the runner cut (max_context_tokens) leaves verifiers' task waiting on its
-    reply: cancel it when the episode object goes away."""
+    """An episode cut short (max_context_tokens) leaves verifiers' task waiting on its reply:
+    the runner cancels it in `close`; an episode driven elsewhere, when it goes away."""
     if not loop.is_closed() and not task.done():
         loop.call_soon_threadsafe(task.cancel)
 
@@ -301,6 +301,13 @@ class VerifiersEnv(MultiTurnEnv):
         self._prompt_text = self.renderer.render(messages, schemas)
         self.transcript = Transcript(self.renderer.encode(self._prompt_text))
         return Observation(self.transcript.prompt_ids, self._prompt_text)
+
+    async def close(self) -> None:
+        """Cancel verifiers' rollout task if the runner cut the episode (max_turns,
+        max_context_tokens) while it waits on a reply (runner: when the collection ends)."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
 
     async def step(self, completion):
         self._finish = completion.finish_reason

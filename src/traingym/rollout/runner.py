@@ -27,6 +27,7 @@ import dataclasses
 import json
 import math
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,27 @@ from traingym.observability import trace
 from traingym.types import Completion, GenerationRequest, Group, SamplingParams, StepResult
 
 CLOSE_TIMEOUT_S = 60.0  # closing env resources (a sandbox pool) must not hang a finished run
+
+
+async def close_envs(envs: list) -> None:
+    """Await each env's optional `close()` (envs/base.py), together, once its episodes are
+    over or the collection failed. A close that raises or hangs past CLOSE_TIMEOUT_S is
+    reported as a warning: it must neither hide the collection's own error nor fail a finished
+    collection."""
+    closers = [e.close() for e in envs if callable(getattr(e, "close", None))]
+    if not closers:
+        return
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*closers, return_exceptions=True),
+                                         CLOSE_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        warnings.warn(f"closing {len(closers)} envs took over {CLOSE_TIMEOUT_S:.0f} s; "
+                      "left to close on their own", RuntimeWarning, stacklevel=2)
+        return
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        warnings.warn(f"{len(failed)} of {len(closers)} envs failed to close; the first: "
+                      f"{failed[0]!r}", RuntimeWarning, stacklevel=2)
 
 
 async def _traced(name: str, call):
@@ -149,6 +171,12 @@ class RolloutRunner:
 
     async def _collect_groups(self, examples, seed: int) -> list[Group]:
         envs = [[self.factory(row) for _ in range(self.group_size)] for _, row in examples]
+        try:
+            return await self._episodes(envs, examples, seed)
+        finally:
+            await close_envs([e for group in envs for e in group])
+
+    async def _episodes(self, envs, examples, seed: int) -> list[Group]:
         obs = [await asyncio.gather(*(_traced("env_reset", e.reset()) for e in group))
                for group in envs]
         episodes = []

@@ -1,6 +1,7 @@
 /* The delta codec's per-element loops in C (native.py loads this; NumPy versions are the
  * reference and the fallback). Each function here produces exactly the bits of its NumPy
- * counterpart, named beside it; tests/weights/test_native.py compares the two.
+ * counterpart, named beside it (plan: the same choice but on a near-tie of its floating-point
+ * costs); tests/weights/test_native.py compares the two.
  *
  * Arrays arrive as contiguous buffers (numpy arrays); element widths are passed explicitly.
  * Every loop runs with the GIL released, so the codec's threads code pieces in parallel.

@@ -232,8 +232,8 @@ class DeltaCodec:
             e_pos = tiered.exponents(a_pos, mbits)
             threshold, small = tiered.plan(a, e_pos, mbits)
             if threshold:
-                buf, params = tiered.encode(a, pos, a_pos, b_pos, e_pos, threshold, small,
-                                            mbits, zc)
+                buf, params = tiered.encode(pos, a_pos, b_pos, e_pos, threshold, small, mbits,
+                                            zc)
                 return "tiered", [buf], params
         is_float = dtype.is_floating_point
         d = _signed_diff(_keys(a_pos, is_float), _keys(b_pos, is_float))

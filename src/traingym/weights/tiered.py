@@ -158,9 +158,8 @@ def unzigzag(z: np.ndarray) -> np.ndarray:
             ^ -(z & z.dtype.type(1)).view(f"i{z.itemsize}")).view(z.dtype)
 
 
-def encode(a: np.ndarray, pos: np.ndarray, a_pos: np.ndarray, b_pos: np.ndarray,
-           e_pos: np.ndarray, threshold: int, S: np.ndarray, mbits: int,
-           zc) -> tuple[bytes, tuple[int, ...]]:
+def encode(pos: np.ndarray, a_pos: np.ndarray, b_pos: np.ndarray, e_pos: np.ndarray,
+           threshold: int, S: np.ndarray, mbits: int, zc) -> tuple[bytes, tuple[int, ...]]:
     """-> (the one buffer, params). pos: changed positions (sorted); a_pos, b_pos: their old
     and new bits; e_pos: their old exponents; threshold and S from `plan`."""
     if native.lib is not None:
