@@ -238,6 +238,10 @@ class WeightsConfig(_Strict):
                              "each published version (tcp: also per send), then the run fails")
     dead_after_s: float = Field(10.0, gt=0, description="tcp, shm, filesystem: a sender silent "
                                 "this long counts as dead")
+    threads: int = Field(1, ge=1, le=64, description="threads the delta codec codes with on the "
+                         "trainer and applies with on each engine, each its own shard of the "
+                         "state (2 on 2 cores: a 1 GB delta over tcp 1.8x faster, "
+                         "BENCHMARKS.md run 8)")
 
     @field_validator("codec")
     @classmethod

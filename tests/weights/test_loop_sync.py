@@ -104,6 +104,18 @@ def test_engine_serves_the_trainers_weights_every_step(tmp_path, transport):
     assert not (tmp_path / "run" / "weights").exists()  # filesystem scratch removed on close
 
 
+@pytest.mark.parametrize("transport", ["inproc", "tcp"])
+def test_weights_threads_code_and_apply_in_shards(tmp_path, transport):
+    """weights.threads reaches the trainer's codec and the engine's subscriber; the shards'
+    deltas keep the engine exact."""
+    w = Watched(_cfg(transport=transport, threads=3), tmp_path / "run")
+    assert w.run.weights.publisher.delta.threads == 3
+    assert w.run.weights.subscriber.cfg.threads == 3
+    w.train()
+    w.check()
+    assert all(e["sync_codec"] == "delta" for e in _check_events(tmp_path / "run", 0, 3))
+
+
 def test_bf16_engine_gets_the_cast_of_the_fp32_masters(tmp_path):
     w = Watched(_cfg(engine_dtype="bfloat16"), tmp_path / "run")
     assert w.dtype == torch.bfloat16

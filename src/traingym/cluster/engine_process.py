@@ -128,7 +128,7 @@ class EngineProcess:
         from traingym.rollout.registry import build_engine
         from traingym.rollout.runner import EpisodeLimits, RolloutRunner
         from traingym.types import SamplingParams
-        from traingym.weights.sync import Subscriber
+        from traingym.weights.sync import Subscriber, SubscriberConfig
 
         torch.set_num_threads(1)
         # this engine's env resources (envs/resources.py): its own pools, or the workers' client
@@ -143,7 +143,9 @@ class EngineProcess:
         make, transport = spec.receiver, spec.transport
         reconnect = ((lambda have: make(transport, have_hash=have)) if spec.reconnects
                      else None)  # a lost link (tcp) is connected again, saying what it holds
-        self.subscriber = Subscriber(make(transport), reconnect=reconnect)
+        self.subscriber = Subscriber(make(transport),
+                                     SubscriberConfig(threads=cfg.weights.threads),
+                                     reconnect=reconnect)
         self.timeout_s = cfg.weights.timeout_s
         with trace.span("wait_weights", cat="wait", version=spec.start_version):
             verified = self.subscriber.wait_for(spec.start_version, self.timeout_s)

@@ -103,7 +103,8 @@ class LocalEngines:
         self.transport, self.sender = _transport(cfg.weights, run.run_dir, self.tcp_host)
         self.owned = [run.run_dir / "weights-engines", entry.owned(self.sender)]
         self.publisher = Publisher(self.sender, PublisherConfig(cfg.weights.codec,
-                                                                cfg.weights.anchor_budget))
+                                                                cfg.weights.anchor_budget,
+                                                                threads=cfg.weights.threads))
         self.publish(run.trainer.export(), start_version)  # an anchor before any engine joins
         inputs = run.inputs
         self.spec = EngineSpec(cfg, self.transport, entry.receiver, entry.abilities.reconnects,

@@ -52,7 +52,8 @@ import torch
 from traingym.observability import trace
 from traingym.weights import registry
 from traingym.weights.base import CODECS, State
-from traingym.weights.sync import Publisher, PublisherConfig, PublishStats, Subscriber
+from traingym.weights.sync import (Publisher, PublisherConfig, PublishStats, Subscriber,
+                                   SubscriberConfig)
 
 
 def codec_choices() -> list[str]:
@@ -89,8 +90,10 @@ class ColocatedSync:
         _remove(scratch_dir)  # frames of an earlier session of this run
         tc, self.sender = registry.open_sender(cfg.transport, cfg,
                                                registry.SyncContext(scratch_dir, self.tag))
-        self.publisher = Publisher(self.sender, PublisherConfig(cfg.codec, cfg.anchor_budget))
-        self.subscriber = Subscriber(transport.receiver(tc))
+        self.publisher = Publisher(self.sender, PublisherConfig(cfg.codec, cfg.anchor_budget,
+                                                                threads=cfg.threads))
+        self.subscriber = Subscriber(transport.receiver(tc),
+                                     SubscriberConfig(threads=cfg.threads))
         own = getattr(engine, "writable_state", None)
         self._own: State | None = own() if callable(own) else None
         self.in_place = False  # the subscriber applies into the engine's own tensors
@@ -146,7 +149,7 @@ class ColocatedSync:
             and own[k].is_contiguous() for k in wire) and not any(
             t.untyped_storage().data_ptr() in trainer for t in own.values())
         if fits:
-            self.subscriber = Subscriber(self.subscriber.receiver, state=own)
+            self.subscriber = Subscriber(self.subscriber.receiver, self.subscriber.cfg, state=own)
         self.in_place, self._own = fits, None
 
     def close(self) -> None:

@@ -32,13 +32,17 @@ class WeightSyncConfig:
     (sync.py)."""
     transport: Any = field(default_factory=InprocConfig)
     """A transport's config (InprocConfig, TcpConfig ...); its `type` is the registry name."""
+    threads: int = 1
+    """Threads the delta codec codes and applies with, each its own shard of the state."""
 
 
 def make_publisher(cfg: WeightSyncConfig) -> Publisher:
     sender = registry.get(cfg.transport.type).sender(cfg.transport)
-    return Publisher(sender, PublisherConfig(cfg.codec, cfg.anchor_budget, cfg.zstd_level))
+    return Publisher(sender, PublisherConfig(cfg.codec, cfg.anchor_budget, cfg.zstd_level,
+                                             threads=cfg.threads))
 
 
 def make_subscriber(cfg: WeightSyncConfig, state: State | None = None) -> Subscriber:
     receiver = registry.get(cfg.transport.type).receiver(cfg.transport)
-    return Subscriber(receiver, SubscriberConfig(verify_base=cfg.verify_base), state)
+    return Subscriber(receiver, SubscriberConfig(verify_base=cfg.verify_base,
+                                                 threads=cfg.threads), state)
