@@ -101,6 +101,23 @@ def test_overlong_filter_removes_truncated_samples_after_their_advantages():
     assert batch.num_dropped_groups == 1  # the group left empty
 
 
+@pytest.mark.parametrize("name", ["grpo", "dapo", "gspo", "rloo"])
+def test_a_sample_with_no_completion_tokens_counts_in_its_group_then_leaves(name):
+    """A model that stopped at once (a plain OpenAI server reports no stop token): its reward
+    counts in its group's advantages, but it has no tokens to train on, so it leaves the
+    batch; a group left empty is dropped and counted."""
+    a = _algo(name)
+    full = a.build_batch([_group([1.0, 0.0, 0.0, 1.0], 0)])
+    groups = [_group([1.0, 0.0, 0.0, 1.0], 0, lengths=[1, 0, 1, 1]),
+              _group([1.0, 0.0], 1, lengths=[0, 0])]
+    batch = a.build_batch(groups)
+    assert [len(g.samples) for g in batch.groups] == [3]
+    assert all(s.completion_ids for g in batch.groups for s in g.samples)
+    want = full.advantages_G[0]
+    assert batch.advantages_G == [[want[0], want[2], want[3]]]
+    assert batch.num_dropped_groups == 1
+
+
 def test_knobs_take_the_algorithm_defaults_then_the_users():
     from traingym.algorithms.config import AlgorithmConfig
 

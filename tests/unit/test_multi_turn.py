@@ -330,3 +330,45 @@ def test_the_runner_closes_every_env_when_its_collection_ends():
         (group,), _ = _collect(lambda ex: ClosingEnv(ex, turns=1, fail_close=True),
                                EpisodeLimits(max_turns=5))
     assert [s.reward for s in group.samples] == [1.0, 1.0] and len(ClosingEnv.closed) == 2
+
+
+class SyncClosingEnv(ScriptedEnv):
+    closed = 0
+
+    def close(self):  # a plain function: called, not awaited
+        SyncClosingEnv.closed += 1
+        if SyncClosingEnv.closed == 2:
+            raise OSError("gone")
+
+
+class SlowStepEnv(ScriptedEnv):
+    """Sample 0's step fails at once; the others' steps are slow: they are cancelled (and
+    waited for) before the envs close, so none still runs after the collection failed."""
+
+    running = 0
+
+    def __init__(self, example, member):
+        super().__init__(example, turns=3)
+        self.member = member
+
+    async def step(self, c):
+        if self.member == 0:
+            raise RuntimeError("env broke")
+        SlowStepEnv.running += 1
+        try:
+            await asyncio.sleep(30)
+        finally:
+            SlowStepEnv.running -= 1
+
+    async def close(self):
+        assert SlowStepEnv.running == 0, "closed while another env's step still ran"
+
+
+def test_plain_close_functions_and_cancelled_steps():
+    with pytest.warns(RuntimeWarning, match="1 of 2 envs failed to close.*gone"):
+        _collect(lambda ex: SyncClosingEnv(ex, turns=1), EpisodeLimits(max_turns=5))
+    assert SyncClosingEnv.closed == 2
+    members = iter(range(2))
+    with pytest.raises(RuntimeError, match="env broke"):
+        _collect(lambda ex: SlowStepEnv(ex, next(members)), EpisodeLimits(max_turns=5))
+    assert SlowStepEnv.running == 0

@@ -275,3 +275,21 @@ def test_apply_keys_matches_numpy(lib, monkeypatch, dtype, is_float):
     with pytest.raises(ValueError, match="position out of range"):
         native.apply_keys(a, np.array([5, a.size], np.int64), kd[:2], is_float, keys, True, 0)
     np.testing.assert_array_equal(a, before)  # nothing written
+
+
+def test_tiered_join_and_decode_refuse_bad_ranks_and_thresholds(lib):
+    """Ranks a corrupt stream could carry (negative, past the end, unsorted) and thresholds
+    out of range are refused before any output, as a ValueError (IntegrityError upstream)."""
+    a = np.zeros(100, np.uint16)  # every exponent 0: S (T=1) holds all 100
+    S = np.arange(50, dtype=np.int64)  # as if only 50 were small
+    for r in ([-1], [50], [3, 3], [5, 2]):
+        with pytest.raises(ValueError, match="rank out of range"):
+            native.tiered_join(a, S, np.zeros(0, np.int64), np.array(r, np.int64), bytes(8), 1, 7)
+    for t in (0, 257, -3):
+        with pytest.raises(ValueError, match="threshold"):
+            native.tiered_join(a, S, np.zeros(0, np.int64), np.zeros(0, np.int64), b"", t, 7)
+        with pytest.raises(ValueError, match="threshold"):
+            native.tiered_split(S, np.zeros(0, np.int64), a[:0], a[:0], t, 7)
+    unary, low, esc, _ = entropy.rice_encode(np.array([2**64 - 2, 5], np.uint64), 0)
+    with pytest.raises(ValueError, match="rank out of range"):
+        tiered._unrice(unary, low, esc, 2, 0, 100)  # the first gap wraps the sum

@@ -149,8 +149,11 @@ class Algorithm:
 
     def build_batch(self, groups: list[Group]) -> Batch:
         """Advantages for every group; groups with all-equal (shaped) rewards, or with a
-        sample marked dropped (Sample.drop_reason), dropped and counted; with `overlong_filter`, truncated samples removed after their group's
-        advantages were computed (a group left empty is dropped too)."""
+        sample marked dropped (Sample.drop_reason), dropped and counted. After the groups'
+        advantages are computed, samples with no completion tokens (a model that stopped at
+        once, from a server that does not report the stop token) are removed, having nothing
+        to train on, and with `overlong_filter` truncated samples too; a group left empty is
+        dropped and counted."""
         kept, rewards, dropped = [], [], 0
         for group in groups:
             if any(s.drop_reason for s in group.samples):  # a reward unknown (envs/judge.py)
@@ -164,8 +167,10 @@ class Algorithm:
             kept.append(group)
             rewards.append(r_G)
         advantages = [a.tolist() for a in self.batch_advantages(rewards, kept)]
+        kept, advantages, empty = _keep(kept, advantages, lambda s: len(s.completion_ids) > 0)
+        dropped += empty
         if self.knobs.overlong_filter:
-            kept, advantages, empty = _filter_truncated(kept, advantages)
+            kept, advantages, empty = _keep(kept, advantages, lambda s: s.finish_reason != "length")
             dropped += empty
         return Batch(groups=kept, advantages_G=advantages, num_dropped_groups=dropped)
 
@@ -202,10 +207,12 @@ def return_to_go(x_B_T: torch.Tensor) -> torch.Tensor:
     return x_B_T.flip(-1).cumsum(-1).flip(-1)
 
 
-def _filter_truncated(groups, advantages):
+def _keep(groups, advantages, wanted):
+    """The samples for which `wanted(sample)`, with their advantages; -> (groups, advantages,
+    how many groups were left empty and removed)."""
     out_g, out_a, empty = [], [], 0
     for g, adv in zip(groups, advantages):
-        keep = [i for i, s in enumerate(g.samples) if s.finish_reason != "length"]
+        keep = [i for i, s in enumerate(g.samples) if wanted(s)]
         if not keep:
             empty += 1
             continue

@@ -15,11 +15,12 @@ Helpers: envs/single_turn.py (a reward function), envs/multi_turn.py (chat repli
 envs/tools.py (tool calls).
 
 An env that holds something for its episode (a server session, a task) may also define
-`async def close(self) -> None`: the runner awaits it once when the collection its episode
-belongs to ends, however it ended (done, max_turns, max_context_tokens, or another episode's
-error), so the session is freed then rather than when the object is garbage-collected. It
-must be safe to call after the env released things itself (a session the server already
-closed). A close that raises or takes over a minute is reported as a warning.
+`close(self)` (async, or a plain function): the runner calls it once when the collection its
+episode belongs to ends, however it ended (done, max_turns, max_context_tokens, or another
+episode's error: the other episodes' env calls are cancelled first), so the session is freed
+then rather than when the object is garbage-collected. It must be safe to call after the env
+released things itself (a session the server already closed). A close that raises or takes
+over a minute is reported as a warning.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import json
 import math
 import threading
@@ -41,25 +42,48 @@ from traingym.types import Completion, GenerationRequest, Group, SamplingParams,
 CLOSE_TIMEOUT_S = 60.0  # closing env resources (a sandbox pool) must not hang a finished run
 
 
+async def _close_one(env) -> Exception | None:
+    try:
+        got = env.close()
+        if inspect.isawaitable(got):
+            await got
+    except Exception as e:  # reported by close_envs
+        return e
+    return None
+
+
 async def close_envs(envs: list) -> None:
-    """Await each env's optional `close()` (envs/base.py), together, once its episodes are
-    over or the collection failed. A close that raises or hangs past CLOSE_TIMEOUT_S is
-    reported as a warning: it must neither hide the collection's own error nor fail a finished
-    collection."""
-    closers = [e.close() for e in envs if callable(getattr(e, "close", None))]
-    if not closers:
+    """Call each env's optional `close()` (envs/base.py; awaited when it is async), all
+    together, once its episodes are over or the collection failed. A close that raises, or
+    closes still running after CLOSE_TIMEOUT_S (then cancelled), are reported as a warning:
+    they must neither hide the collection's own error nor fail a finished collection."""
+    todo = [e for e in envs if callable(getattr(e, "close", None))]
+    if not todo:
         return
     try:
-        results = await asyncio.wait_for(asyncio.gather(*closers, return_exceptions=True),
+        results = await asyncio.wait_for(asyncio.gather(*(_close_one(e) for e in todo)),
                                          CLOSE_TIMEOUT_S)
     except asyncio.TimeoutError:
-        warnings.warn(f"closing {len(closers)} envs took over {CLOSE_TIMEOUT_S:.0f} s; "
-                      "left to close on their own", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"closing {len(todo)} envs took over {CLOSE_TIMEOUT_S:.0f} s; the "
+                      "unfinished closes were cancelled", RuntimeWarning, stacklevel=2)
         return
-    failed = [r for r in results if isinstance(r, BaseException)]
+    failed = [r for r in results if r is not None]
     if failed:
-        warnings.warn(f"{len(failed)} of {len(closers)} envs failed to close; the first: "
+        warnings.warn(f"{len(failed)} of {len(todo)} envs failed to close; the first: "
                       f"{failed[0]!r}", RuntimeWarning, stacklevel=2)
+
+
+async def _all(calls):
+    """asyncio.gather, except that a failure cancels the other calls and waits for them
+    before it is raised: no env call still runs when the collection's envs are closed."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _traced(name: str, call):
@@ -177,7 +201,7 @@ class RolloutRunner:
             await close_envs([e for group in envs for e in group])
 
     async def _episodes(self, envs, examples, seed: int) -> list[Group]:
-        obs = [await asyncio.gather(*(_traced("env_reset", e.reset()) for e in group))
+        obs = [await _all(_traced("env_reset", e.reset()) for e in group)
                for group in envs]
         episodes = []
         for (index, row), group, group_obs in zip(examples, envs, obs):
@@ -201,8 +225,7 @@ class RolloutRunner:
         while live:
             for ep, c in live:
                 ep.transcript.add_policy(c)
-            results = await asyncio.gather(*(_traced("env_step", ep.env.step(c))
-                                             for ep, c in live))
+            results = await _all(_traced("env_step", ep.env.step(c)) for ep, c in live)
             live = [ep for (ep, c), r in zip(live, results) if self._advance(ep, c, r)]
             if not live:
                 break

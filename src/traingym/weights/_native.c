@@ -439,6 +439,18 @@ static inline u64 exponent(u64 x, int w, int mbits) {
     return (x & ((w == 8 ? ~0ULL : (1ULL << (8 * w)) - 1) >> 1)) >> mbits;
 }
 
+/* A tier threshold t for w-byte floats with mbits mantissa bits: 0 < t <= 2^(exponent bits). */
+static int check_tier(int w, int mbits, Py_ssize_t t) {
+    if (check_width(w)) return -1;
+    int ebits = 8 * w - 1 - mbits;
+    if (ebits < 1 || ebits > 12 || t < 1 || t > ((Py_ssize_t)1 << ebits)) {
+        PyErr_Format(PyExc_ValueError, "threshold %zd out of range for %d-byte floats with %d "
+                     "mantissa bits", t, w, mbits);
+        return -1;
+    }
+    return 0;
+}
+
 static inline u64 zz(u64 d, int w) {  /* W-bit zigzag minus 1, wrapped */
     int bits = 8 * w;
     u64 mask = w == 8 ? ~0ULL : (1ULL << bits) - 1;
@@ -475,7 +487,7 @@ static PyObject *tiered_split(PyObject *self, PyObject *args) {
                           &rrb, &zb))
         return NULL;
     Py_ssize_t m = sb.len / 8, n = pb.len / 8;
-    if (check_width(w) || need(&ab, n * w, "a_pos") || need(&bb, n * w, "b_pos")
+    if (check_tier(w, mbits, t) || need(&ab, n * w, "a_pos") || need(&bb, n * w, "b_pos")
         || need(&rsb, n * 8, "ranks_s") || need(&rrb, n * 8, "ranks_r")
         || need(&zb, n * w, "planes")) {
         RELEASE(&sb, &pb, &ab, &bb, &rsb, &rrb, &zb);
@@ -534,7 +546,7 @@ static PyObject *tiered_join(PyObject *self, PyObject *args) {
         return NULL;
     Py_ssize_t size = ab.len / (w > 0 ? w : 1), m = sb.len / 8, n_s = psb.len / 8;
     Py_ssize_t n = n_s + rb.len / 8;
-    if (check_width(w) || need(&zb, n * w, "planes") || need(&pb, n * 8, "pos")
+    if (check_tier(w, mbits, t) || need(&zb, n * w, "planes") || need(&pb, n * 8, "pos")
         || need(&kb, n * w, "kd")) {
         RELEASE(&ab, &sb, &psb, &rb, &zb, &pb, &kb);
         return NULL;
@@ -544,17 +556,22 @@ static PyObject *tiered_join(PyObject *self, PyObject *args) {
     int64_t *pos = pb.buf;
     uint8_t *kd = kb.buf;
     Py_ssize_t *count = calloc((size_t)t + 1, sizeof *count), *off = NULL;
-    uint16_t *es = malloc((size_t)(n_s + 1) * sizeof *es);  /* exponents fit 11 bits */
-    const char *err = count && es ? NULL : "no memory";
-    if (!err) {
+    uint16_t *es = malloc((size_t)(n_s + 1) * sizeof *es);  /* exponents fit 12 bits */
+    int nomem = !count || !es;
+    const char *err = NULL;
+    if (!nomem) {
         Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t k = 0, n_r = n - n_s; k < n_r && !err; k++)  /* a stream's ranks */
+            if (r[k] < 0 || r[k] >= size - m || (k && r[k] <= r[k - 1]))
+                err = "rank out of range";
         for (Py_ssize_t i = 0; i < n_s && !err; i++) {
             if (ps[i] < 0 || ps[i] >= size) { err = "position out of range"; break; }
             u64 e = exponent(load(pa + ps[i] * w, w), w, mbits);
             if (e >= (u64)t) err = "tier S element above the threshold";
             else count[es[i] = (uint16_t)e]++;
         }
-        if (!err && !(off = exponent_offsets(count, t))) err = "no memory";
+        if (!err && !(off = exponent_offsets(count, t))) nomem = 1;
+        if (nomem) err = "no memory";
         Py_ssize_t j = 0;
         for (Py_ssize_t i = 0; i < n && !err; i++) {
             Py_ssize_t slot;
@@ -577,6 +594,7 @@ static PyObject *tiered_join(PyObject *self, PyObject *args) {
     free(off);
     free(es);
     RELEASE(&ab, &sb, &psb, &rb, &zb, &pb, &kb);
+    if (nomem) return PyErr_NoMemory();
     if (err) return PyErr_Format(PyExc_ValueError, "%s", err);
     Py_RETURN_NONE;
 }
@@ -610,8 +628,8 @@ static PyObject *plan(PyObject *self, PyObject *args) {
     Py_buffer ab, eb;
     if (!PyArg_ParseTuple(args, "iiy*y*ndd", &w, &mbits, &ab, &eb, &sample, &price, &min_gain))
         return NULL;
-    if (check_width(w) || 8 * w - 1 - mbits < 1 || 8 * w - 1 - mbits > 12) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "no exponent field");
+    if (check_tier(w, mbits, 1) || sample < 1) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "sample must be at least 1");
         RELEASE(&ab, &eb);
         return NULL;
     }

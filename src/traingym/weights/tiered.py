@@ -138,9 +138,13 @@ def _rice(ranks: np.ndarray) -> tuple[list[bytes], int, int]:
 
 
 def _unrice(unary, low, esc, n: int, k: int, limit: int) -> np.ndarray:
+    """n sorted distinct ranks below `limit` from their gap stream; ValueError otherwise (a
+    gap of `limit` or more, which an escape can carry, would wrap the sum)."""
     gaps = entropy.rice_decode(unary, low, esc, n, k)
+    if gaps.size and gaps.max() >= limit:
+        raise ValueError("rank out of range")
     ranks = (np.cumsum(gaps + np.uint64(1)) - np.uint64(1)).view(np.int64)
-    if ranks.size and (ranks[-1] >= limit or ranks[-1] < 0):
+    if ranks.size and ranks[-1] >= limit:
         raise ValueError("rank out of range")
     return ranks
 
