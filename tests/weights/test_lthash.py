@@ -252,3 +252,21 @@ def test_cast_to_the_same_dtype_does_not_alias_the_trainer():
     pub.publish(live, 1, cast=torch.float32)
     sub.wait_for(1, 1.0)
     assert _equal(sub.state, masters[1]) and pub.full_hash() == state_hash(masters[1])
+
+
+def test_full_sends_with_cast_reuse_the_shadow_and_stay_exact():
+    """An anchor cast from the masters is cast into the shadow's own tensors (no new copy of
+    the model per full send); deltas after it, and full sends between deltas, stay exact."""
+    masters = _masters()
+    pub = Publisher(InprocSender(InprocConfig(name="cast-full")), PublisherConfig(codec="full"))
+    sub = Subscriber(InprocReceiver(InprocConfig(name="cast-full")))
+    pub.publish(masters[0], 0, cast=torch.bfloat16)
+    held = {k: t.data_ptr() for k, t in pub._shadow.items()}
+    for v, m in enumerate(masters[1:], start=1):
+        pub.cfg = PublisherConfig(codec="full" if v % 2 else "delta")
+        stats = pub.publish(m, v, cast=torch.bfloat16)
+        assert stats.codec == pub.cfg.codec
+        assert {k: t.data_ptr() for k, t in pub._shadow.items()} == held
+        sub.wait_for(v, 1.0)
+        wire = {k: t.to(torch.bfloat16) for k, t in m.items()}
+        assert _equal(sub.state, wire) and pub.full_hash() == state_hash(wire)

@@ -184,8 +184,7 @@ class Publisher:
             if self._since_anchor + payload.nbytes > self.cfg.anchor_budget * full_bytes:
                 payload, reason = None, "anchor-budget"
         if payload is None:
-            wire = state if cast is None else {
-                k: v.detach().to(cast, copy=True).contiguous() for k, v in state.items()}
+            wire = state if cast is None else self._cast_anchor(state, cast, reason)
             payload = self.full.encode(None, wire)
             target_hash = state_hash(wire)
         else:
@@ -229,6 +228,16 @@ class Publisher:
         changed = changes.n_changed if not anchor else -1
         return PublishStats(version, header.codec, payload.nbytes, full_bytes, changed,
                             encode_s, send_s, reason, phases)
+
+    def _cast_anchor(self, state: State, cast: torch.dtype, reason: str) -> State:
+        """The anchor's target, `state` cast: into the shadow's own tensors when it has the
+        same structure (it becomes the shadow anyway; no fresh copy of the model each full
+        send, whose page faults cost more than the cast), else into new tensors."""
+        if reason in ("first", "structure"):
+            return {k: v.detach().to(cast, copy=True).contiguous() for k, v in state.items()}
+        for k, v in state.items():
+            self._shadow[k].copy_(v.detach())
+        return self._shadow
 
     def reanchor(self) -> Payload | None:
         """A fresh anchor of the last published version, from the shadow (a copy of it), for
