@@ -27,6 +27,9 @@ Sections:
               --tilings times, at the same density and at the same number of changes
               (benchmarks/weight_sync_scaling.py says how). --model tiny: a smoke in seconds.
   lthash      ns per element of the incremental hash, beside BLAKE2b, SHAKE and xxh3.
+  tier        the tiered method's split against no split (threshold 0) and "sparse", for
+              the state tiled --copies times: bytes, each side's time, and what the split
+              costs per element of the state (tiered.LIST_S; weight_sync_scaling.py).
 Entropy floors, per tensor: "floor" is N*H(n/N) bits for which elements changed plus n times
 the empirical entropy of the key differences (positions independent, values i.i.d.: the
 zeroth order). "floor_exp" conditions both on the old bf16 exponent, which the receiver
@@ -466,6 +469,12 @@ def main() -> None:
 
         print("incremental hash, ns per element", flush=True)
         res["lthash"] = section_lthash(new)
+    if "tier" in sections:
+        from weight_sync_scaling import section_tier
+
+        print(f"tier against no tier on step {mid}, tiled {args.copies}x, one thread",
+              flush=True)
+        res["tier"] = section_tier(old, new, args.copies, args.repeat)
     if "scaling" in sections:
         from weight_sync_scaling import section_scaling
 

@@ -210,3 +210,66 @@ def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def section_tier(old, new, copies: int, repeat: int) -> dict:
+    """The tiered method's split against no split, per delta of the state tiled `copies`
+    times (same density), one thread: "tier" (the encoder's choice with the link unknown:
+    fewest bytes), "no tier" (threshold 0 everywhere: a link so fast that no split pays) and
+    "sparse" (the older method, tiered's formats switched off). Each round codes the step
+    both ways (old -> new, new -> old) and applies both to one receiver state, variants in
+    turn; medians. `list_s_per_element`: what the split costs both sides per element of the
+    state (tier minus no tier, sender plus receiver), the figure tiered.LIST_S records."""
+    from traingym.weights import tiered
+    from traingym.weights.codecs import DeltaCodec, apply_changes
+
+    big_old = {f"{i}.{k}": v for i in range(copies) for k, v in old.items()}
+    big_new = {f"{i}.{k}": v for i in range(copies) for k, v in new.items()}
+    big_old = {k: v.clone() for k, v in big_old.items()}
+    big_new = {k: v.clone() for k, v in big_new.items()}
+    recv = {k: v.clone() for k, v in big_old.items()}
+    elements = sum(t.numel() for t in big_old.values())
+    variants = {"tier": None, "no tier": 1e-15, "sparse": None}
+    rows: dict[str, list[dict]] = {v: [] for v in variants}
+    codec, bits_of = DeltaCodec(), tiered.MANTISSA_BITS
+    for _ in range(repeat):
+        for name, link in variants.items():
+            tiered.MANTISSA_BITS = {} if name == "sparse" else bits_of
+            try:
+                row = {"bytes": 0, "sender_s": 0.0, "code_s": 0.0, "receiver_s": 0.0,
+                       "changed": 0, "methods": {}}
+                for src, dst in ((big_old, big_new), (big_new, big_old)):
+                    t0 = time.perf_counter()
+                    payload, sent = codec.encode_changes(src, dst, link_s_per_byte=link)
+                    t1 = time.perf_counter()
+                    _, got = apply_changes(recv, payload)
+                    t2 = time.perf_counter()
+                    assert np.array_equal(got.sum, sent.sum), "receiver and sender disagree"
+                    row["bytes"] += payload.nbytes / 2
+                    row["sender_s"] += (t1 - t0) / 2
+                    row["code_s"] += sent.times.get("code", 0.0) / 2
+                    row["receiver_s"] += (t2 - t1) / 2
+                    row["changed"] += sent.n_changed / 2
+                    for e in payload.header.tensors:
+                        m = e.method + (" T=0" if e.method == "tiered" and not e.params[0] else "")
+                        row["methods"][m] = row["methods"].get(m, 0) + 1
+            finally:
+                tiered.MANTISSA_BITS = bits_of
+            rows[name].append(row)
+    assert state_hash(recv) == state_hash(big_old), "the receiver drifted"
+    med = {name: {**_median([{k: v for k, v in r.items() if k != "methods"} for r in rs]),
+                  "methods": rs[0]["methods"]} for name, rs in rows.items()}
+    extra = (med["tier"]["sender_s"] - med["no tier"]["sender_s"]
+             + med["tier"]["receiver_s"] - med["no tier"]["receiver_s"])
+    saved = med["no tier"]["bytes"] - med["tier"]["bytes"]
+    out = {"copies": copies, "elements": elements, "repeat": repeat, "median": med,
+           "rows": rows, "list_s_per_element": extra / elements,
+           "bytes_saved_by_tier": saved,
+           "break_even_link_MB_per_s": saved / extra / 1e6 if extra > 0 else None}
+    for name, m in med.items():
+        print(f"  {name:8s} {m['bytes'] / 1e6:6.2f} MB  sender {m['sender_s']:.3f}s (code "
+              f"{m['code_s']:.3f})  receiver {m['receiver_s']:.3f}s  {m['methods']}", flush=True)
+    print(f"  the split costs {1e9 * out['list_s_per_element']:.3f} ns per element (both "
+          f"sides), saves {saved / 1e6:.2f} MB: worth it below "
+          f"{out['break_even_link_MB_per_s'] or 0:.1f} MB/s", flush=True)
+    return out

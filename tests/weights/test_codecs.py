@@ -116,18 +116,23 @@ def test_method_choice_by_density():
     sparse = old.clone()
     sparse[::100] = (sparse[::100].float() * 1.004).bfloat16()
     dense = torch.randn(20000, generator=g).bfloat16()
-    p = DeltaCodec().encode({"s": old, "d": old, "z": old}, {"s": sparse, "d": dense, "z": old})
+    ids = torch.arange(20000)
+    moved = ids.clone()
+    moved[::100] += 3
+    p = DeltaCodec().encode({"s": old, "d": old, "z": old, "i": ids},
+                            {"s": sparse, "d": dense, "z": old, "i": moved})
     methods = {e.name: e.method for e in p.header.tensors}
-    assert methods == {"s": "sparse", "d": "raw", "z": "same"}
-    assert p.nbytes < 20000 * 2 + 200 * 2  # the dense tensor raw, ~2 bytes per sparse change
+    assert methods == {"s": "tiered", "d": "raw", "z": "same", "i": "sparse"}
+    assert p.nbytes < 20000 * 2 + 200 * 2 + 200 * 2  # dense raw, ~2 bytes per sparse change
 
 
 def test_corrupt_streams_raise_integrity_errors():
     old = {"w": torch.zeros(5000, dtype=torch.bfloat16)}
     new = {"w": old["w"].clone()}
     new["w"][::37] = 1.0
-    wire = bytearray(to_bytes(seal(DeltaCodec().encode(old, new))))
-    wire[-40] ^= 0x10
+    payload = seal(DeltaCodec().encode(old, new))
+    wire = bytearray(to_bytes(payload))
+    wire[len(wire) - (-payload.buffers[-1].nbytes % 64) - 10] ^= 0x10  # in the last buffer
     with pytest.raises(IntegrityError):
         verify_body(from_buffer(wire))
     wire2 = bytearray(to_bytes(seal(DeltaCodec().encode(old, new))))
@@ -264,7 +269,22 @@ def test_tiered_skipped_without_a_magnitude_effect():
     new = old.clone()
     idx = torch.randperm(old.numel(), generator=g)[:1000]
     new[idx] = (new[idx].float() * 1.01).bfloat16()
-    assert DeltaCodec().encode({"w": old}, {"w": new}).header.tensors[0].method == "sparse"
+    (e,) = DeltaCodec().encode({"w": old}, {"w": new}).header.tensors
+    assert e.method == "tiered" and e.params[0] == 0  # threshold 0: no tier
+
+
+def test_a_fast_link_drops_the_tier():
+    """The same update with a tier on a slow (or unknown) link and without one on a fast
+    link, where the bytes it saves take less time than its passes; both decode."""
+    old, new = _rl_like(torch.bfloat16, p_tiny=0.3)
+    sent = {}
+    for link in (None, 1 / 1e6, 1 / 10e9):  # unknown, 1 MB/s, 10 GB/s
+        p, _ = DeltaCodec().encode_changes(old, new, link_s_per_byte=link)
+        (e,) = p.header.tensors
+        assert _same_bits(apply({"w": old["w"].clone()}, from_buffer(to_bytes(seal(p)))), new)
+        sent[link] = (e.params[0] > 0, p.nbytes)
+    assert sent[None][0] and sent[1 / 1e6][0] and not sent[1 / 10e9][0]
+    assert sent[1 / 10e9][1] > sent[None][1]  # more bytes, fewer passes
 
 
 def test_tiered_corrupt_params_raise_integrity_errors():

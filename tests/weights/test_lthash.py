@@ -91,8 +91,8 @@ class _Dropping(DeltaCodec):
 
     mode = "drop"
 
-    def encode_changes(self, old, new, with_sum=True, cast=None):
-        payload, changes = super().encode_changes(old, new, with_sum, cast)
+    def encode_changes(self, old, new, with_sum=True, cast=None, link_s_per_byte=None):
+        payload, changes = super().encode_changes(old, new, with_sum, cast, link_s_per_byte)
         name, start, pos, _ = changes.pieces[0]
         wrong = _clone(new)
         b = bits(wrong[name])
@@ -101,7 +101,7 @@ class _Dropping(DeltaCodec):
         else:
             q = (start + pos[-1] + 1) % b.size  # an extra change the state does not have
             b[q] ^= b.dtype.type(1)
-        return super().encode_changes(old, wrong, with_sum, cast)[0], changes
+        return super().encode_changes(old, wrong, with_sum, cast, link_s_per_byte)[0], changes
 
 
 @pytest.mark.parametrize("mode", ["drop", "extra"])

@@ -179,6 +179,46 @@ def test_tiered_split_and_join_match_numpy(lib, monkeypatch, dtype, n):
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.uint64])
+def test_no_tier_round_trips_both_ways(lib, monkeypatch, dtype):
+    """Threshold 0 (no tier S: every change a plain position in R) codes the same buffer in C
+    and NumPy, and each side decodes the other's, without listing anything."""
+    rng = np.random.default_rng(7)
+    a, b, pos, e_pos, _, _, mbits = _tiered_case(rng, dtype, 50_001)
+    zc = zstandard.ZstdCompressor(level=1)
+    got = tiered.encode(pos, a[pos], b[pos], e_pos, 0, tiered.NO_TIER, mbits, zc)
+    assert got[1][:3] == (0, 0, 0)  # threshold, mode, changes coded in S
+    with monkeypatch.context() as m:
+        m.setattr(native, "lib", None)
+        want = tiered.encode(pos, a[pos], b[pos], e_pos, 0, tiered.NO_TIER, mbits, zc)
+        dec_n = tiered.decode(a, got[0], pos.size, got[1], mbits)
+    assert got == want
+    listed = []
+    monkeypatch.setattr(tiered, "small_positions", lambda *x: listed.append(x))
+    dec_c = tiered.decode(a, got[0], pos.size, got[1], mbits)
+    assert not listed
+    for p, kd in (dec_c, dec_n):
+        np.testing.assert_array_equal(p, pos)
+        np.testing.assert_array_equal(entropy.float_unkey(entropy.float_key(a[p]) + kd), b[pos])
+
+
+def test_scan_price_turns_the_tier_off(lib, monkeypatch):
+    """A tier that saves bits is dropped once its listing passes cost more than the bits it
+    saves take on the link, in C and NumPy alike; an unknown link prices them at 0."""
+    rng = np.random.default_rng(3)
+    a, b, pos, e_pos, _, _, mbits = _tiered_case(rng, np.uint16, 200_003)
+    assert tiered.scan_bits(None) == 0.0
+    fast, slow = tiered.scan_bits(1 / 10e9), tiered.scan_bits(1 / 1e6)  # 10 GB/s, 1 MB/s
+    assert fast > slow > 0 and tiered.scan_bits(1 / 10e9, threads=2) == fast / 2
+    for use_c in (True, False):
+        with monkeypatch.context() as m:
+            if not use_c:
+                m.setattr(native, "lib", None)
+            assert tiered.plan(a, e_pos, mbits)[0] > 0
+            assert tiered.plan(a, e_pos, mbits, slow)[0] > 0
+            assert tiered.plan(a, e_pos, mbits, fast) == (0, None)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.uint64])
 @pytest.mark.parametrize("n", [1, 5000, 200_003])
 def test_plan_matches_numpy(lib, monkeypatch, dtype, n):
     """The same threshold and tier S as tiered.plan's NumPy version (these cases have no
@@ -285,11 +325,15 @@ def test_tiered_join_and_decode_refuse_bad_ranks_and_thresholds(lib):
     for r in ([-1], [50], [3, 3], [5, 2]):
         with pytest.raises(ValueError, match="rank out of range"):
             native.tiered_join(a, S, np.zeros(0, np.int64), np.array(r, np.int64), bytes(8), 1, 7)
-    for t in (0, 257, -3):
+    for t in (257, -3):
         with pytest.raises(ValueError, match="threshold"):
             native.tiered_join(a, S, np.zeros(0, np.int64), np.zeros(0, np.int64), b"", t, 7)
         with pytest.raises(ValueError, match="threshold"):
             native.tiered_split(S, np.zeros(0, np.int64), a[:0], a[:0], t, 7)
+    with pytest.raises(ValueError, match="threshold 0"):  # no tier, yet an S
+        native.tiered_join(a, S, np.zeros(0, np.int64), np.zeros(0, np.int64), b"", 0, 7)
+    with pytest.raises(ValueError, match="threshold 0"):
+        native.tiered_split(S, np.zeros(0, np.int64), a[:0], a[:0], 0, 7)
     unary, low, esc, _ = entropy.rice_encode(np.array([2**64 - 2, 5], np.uint64), 0)
     with pytest.raises(ValueError, match="rank out of range"):
         tiered._unrice(unary, low, esc, 2, 0, 100)  # the first gap wraps the sum

@@ -439,13 +439,18 @@ static inline u64 exponent(u64 x, int w, int mbits) {
     return (x & ((w == 8 ? ~0ULL : (1ULL << (8 * w)) - 1) >> 1)) >> mbits;
 }
 
-/* A tier threshold t for w-byte floats with mbits mantissa bits: 0 < t <= 2^(exponent bits). */
-static int check_tier(int w, int mbits, Py_ssize_t t) {
+/* A tier threshold t for w-byte floats with mbits mantissa bits: 0 <= t <= 2^(exponent bits),
+ * with m elements in S (0: no tier, so no S; every change is in R). */
+static int check_tier(int w, int mbits, Py_ssize_t t, Py_ssize_t m) {
     if (check_width(w)) return -1;
     int ebits = 8 * w - 1 - mbits;
-    if (ebits < 1 || ebits > 12 || t < 1 || t > ((Py_ssize_t)1 << ebits)) {
+    if (ebits < 1 || ebits > 12 || t < 0 || t > ((Py_ssize_t)1 << ebits)) {
         PyErr_Format(PyExc_ValueError, "threshold %zd out of range for %d-byte floats with %d "
                      "mantissa bits", t, w, mbits);
+        return -1;
+    }
+    if (t == 0 && m > 0) {
+        PyErr_Format(PyExc_ValueError, "threshold 0 (no tier) with %zd elements in S", m);
         return -1;
     }
     return 0;
@@ -487,7 +492,7 @@ static PyObject *tiered_split(PyObject *self, PyObject *args) {
                           &rrb, &zb))
         return NULL;
     Py_ssize_t m = sb.len / 8, n = pb.len / 8;
-    if (check_tier(w, mbits, t) || need(&ab, n * w, "a_pos") || need(&bb, n * w, "b_pos")
+    if (check_tier(w, mbits, t, m) || need(&ab, n * w, "a_pos") || need(&bb, n * w, "b_pos")
         || need(&rsb, n * 8, "ranks_s") || need(&rrb, n * 8, "ranks_r")
         || need(&zb, n * w, "planes")) {
         RELEASE(&sb, &pb, &ab, &bb, &rsb, &rrb, &zb);
@@ -546,7 +551,7 @@ static PyObject *tiered_join(PyObject *self, PyObject *args) {
         return NULL;
     Py_ssize_t size = ab.len / (w > 0 ? w : 1), m = sb.len / 8, n_s = psb.len / 8;
     Py_ssize_t n = n_s + rb.len / 8;
-    if (check_tier(w, mbits, t) || need(&zb, n * w, "planes") || need(&pb, n * 8, "pos")
+    if (check_tier(w, mbits, t, m) || need(&zb, n * w, "planes") || need(&pb, n * 8, "pos")
         || need(&kb, n * w, "kd")) {
         RELEASE(&ab, &sb, &psb, &rb, &zb, &pb, &kb);
         return NULL;
@@ -601,34 +606,36 @@ static PyObject *tiered_join(PyObject *self, PyObject *args) {
 
 /* tiered.plan's arithmetic: the zeroth-order position bits for each threshold T, given the
  * element counts s[T] and changed counts hs[T] below it (m log m - k log k - (m-k) log (m-k)
- * per tier, plus price bits per element of S). The same formula as tiered._cost; the sums
+ * per tier, plus price bits per element of S, plus scan bits per element of the tensor for
+ * any T > 0: the listing passes). The same formula as tiered._cost; the sums
  * may round differently in the last bit, so a near-tie may pick another threshold (a payload
  * that decodes all the same). -> the first T with the lowest cost; cost[] filled. */
 static inline double xlog(double x) { return x > 1.0 ? x * log2(x) : 0.0; }
 
 static Py_ssize_t cheapest(const double *s, const double *hs, Py_ssize_t k, double big_n,
-                           double n, double price, double *cost) {
+                           double n, double price, double scan, double *cost) {
     Py_ssize_t best = 0;
     for (Py_ssize_t t = 0; t < k; t++) {
         double r = big_n - s[t] > 0 ? big_n - s[t] : 0.0, hr = n - hs[t];
         cost[t] = xlog(s[t]) - xlog(hs[t]) - xlog(s[t] - hs[t]) + xlog(r) - xlog(hr)
-                  - xlog(r - hr) + price * s[t];
+                  - xlog(r - hr) + price * s[t] + (t ? scan * big_n : 0.0);
         if (cost[t] < cost[best]) best = t;
     }
     return best;
 }
 
-/* plan(w, mbits, a, e_changed, sample, price, min_gain) -> (T, S bytes) or (0, None):
+/* plan(w, mbits, a, e_changed, sample, price, scan, min_gain) -> (T, S bytes) or (0, None):
  * tiered.plan in one call (its docstring says how). S: the sorted int64 positions of the
  * elements of `a` with exponent below T. */
 static PyObject *plan(PyObject *self, PyObject *args) {
     int w, mbits;
     Py_ssize_t sample;
-    double price, min_gain;
+    double price, scan, min_gain;
     Py_buffer ab, eb;
-    if (!PyArg_ParseTuple(args, "iiy*y*ndd", &w, &mbits, &ab, &eb, &sample, &price, &min_gain))
+    if (!PyArg_ParseTuple(args, "iiy*y*nddd", &w, &mbits, &ab, &eb, &sample, &price, &scan,
+                          &min_gain))
         return NULL;
-    if (check_tier(w, mbits, 1) || sample < 1) {
+    if (check_tier(w, mbits, 1, 0) || sample < 1) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "sample must be at least 1");
         RELEASE(&ab, &eb);
         return NULL;
@@ -657,7 +664,8 @@ static PyObject *plan(PyObject *self, PyObject *args) {
             hs[e + 1] = hs[e] + hit[e];
             cs[e + 1] = cs[e] + cnt[e];
         }
-        Py_ssize_t guess = cheapest(cs, hs, n_e + 1, (double)size, (double)n, price, cost);
+        Py_ssize_t guess = cheapest(cs, hs, n_e + 1, (double)size, (double)n, price, scan,
+                                     cost);
         if (guess > 0) {
             /* list S for the guess, then its exact counts (in cs) may lower T */
             Py_ssize_t cap = 1024, i = 0;
@@ -678,7 +686,7 @@ static PyObject *plan(PyObject *self, PyObject *args) {
                 for (Py_ssize_t j = 0; j < count; j++)
                     cnt[exponent(load(pa + S[j] * w, w), w, mbits)] += 1.0;
                 for (Py_ssize_t e = 0; e < guess; e++) cs[e + 1] = cs[e] + cnt[e];
-                best = cheapest(cs, hs, guess + 1, (double)size, (double)n, price, cost);
+                best = cheapest(cs, hs, guess + 1, (double)size, (double)n, price, scan, cost);
                 if (best == 0 || cost[best] >= (1 - min_gain) * cost[0]) best = 0;
                 else if (best < guess) {  /* keep the elements below best, in place */
                     Py_ssize_t c = 0;

@@ -4,12 +4,13 @@ delta, per tensor, picks the smallest of:
 - sparse: changed positions, gap-coded and Rice-coded; values as the integer difference of
   order-preserving bit keys (so +-1 ulp, across zero too, is a small number), zigzagged,
   coded as an exponent class (zstd: its Huffman stage) plus raw low bits. Positions and
-  values are separate streams. Integer tensors, and float ones where "tiered" saves nothing.
+  values are separate streams. Integer tensors and floats outside tiered's formats.
 - tiered (bf16, fp16, fp32, fp64; tiered.py): positions split by the old value's magnitude,
   which the receiver holds (the smallest weights change on nearly every step and cost almost
   nothing to locate); values as byte planes through zstd, ordered by old exponent. Where
-  0.4-5%-dense bf16 RL updates land. The encoder uses it for a tensor when it estimates a
-  saving; both methods stay decodable.
+  0.4-5%-dense bf16 RL updates land. The encoder splits a tensor when it estimates a saving
+  worth the split's passes over the tensor at the link's speed; otherwise threshold 0 (no
+  split: the same bytes as sparse within a few percent, 2-3x faster both ways).
 - xor: old ^ new, split into byte planes, zstd. For dense changes with large differences.
 - raw: the new bytes. Never worse than a full send of that tensor.
 Bit-exact for every dtype (floats get the key map, others are coded as plain integers):
@@ -146,13 +147,16 @@ class DeltaCodec:
         return self.encode_changes(old, new, with_sum=False)[0]
 
     def encode_changes(self, old: State | None, new: State, with_sum: bool = True,
-                       cast: torch.dtype | None = None) -> tuple[Payload, Changes]:
+                       cast: torch.dtype | None = None,
+                       link_s_per_byte: float | None = None) -> tuple[Payload, Changes]:
         """The payload, and its changes: the additive hash's movement (with_sum) and the
         changed elements, so that the sender updates its hash and shadow in O(changes).
         With `cast`, `new` holds the trainer's tensors (e.g. fp32 masters) and the target is
         their cast to `cast`: each piece is cast and compared with `old` in one pass
         (`extract.cast_changes`); the whole cast is made only for a piece that "xor" or "raw" may
-        code (5% changed or more)."""
+        code (5% changed or more). `link_s_per_byte`: the link's measured time per byte, where
+        known; a tensor then gets a tier only where the bytes it saves take longer to send
+        than its passes take (tiered.scan_bits); None: the fewest bytes."""
         if old is None:
             raise ValueError("delta needs a base state; send a full update first")
         if set(old) != set(new):
@@ -163,11 +167,12 @@ class DeltaCodec:
                 raise ValueError(f"{name}: dtype or shape changed; send a full update")
         runs = plan_pieces(old, self.threads)
         whole = len(runs) == 1
+        scan = tiered.scan_bits(link_s_per_byte, len(runs))
 
         def run(pieces):
             zc = zstandard.ZstdCompressor(level=self.level)
             return [self._piece(name, old[name], new[name], start, stop, whole, zc, with_sum,
-                                cast) for name, start, stop in pieces]
+                                cast, scan) for name, start, stop in pieces]
 
         out, changes = _Builder(), Changes()
         for results in self._pool.map(run, runs):
@@ -180,7 +185,7 @@ class DeltaCodec:
                     changes.pieces.append((name, span[0] if span else 0, pos, b_pos))
         return out.payload("delta"), changes
 
-    def _piece(self, name, o, t, start, stop, whole, zc, with_sum, cast=None):
+    def _piece(self, name, o, t, start, stop, whole, zc, with_sum, cast=None, scan=0.0):
         t0 = time.perf_counter()
         a = bits(o)
         span = () if whole or (start, stop) == (0, a.size) else (start, stop)
@@ -204,7 +209,7 @@ class DeltaCodec:
         method, bufs, params, size = "raw", None, (), a.size
         options = []
         if pos.size < 0.5 * a.size:
-            options.append(self._sparse(a, pos, a_pos, b_pos, o.dtype, zc))
+            options.append(self._sparse(a, pos, a_pos, b_pos, o.dtype, zc, scan))
         if pos.size >= XOR_MIN_DENSITY * a.size:
             planes = (a ^ b).view(np.uint8).reshape(-1, a.itemsize).T.copy()
             options.append(("xor", [zc.compress(planes.data)], ()))
@@ -225,16 +230,15 @@ class DeltaCodec:
             {"extract": t1 - t0, "code": t2 - t1, "verify": t3 - t2}
 
     @staticmethod
-    def _sparse(a, pos, a_pos, b_pos, dtype, zc):
-        """-> ("tiered" or "sparse", buffers, params)."""
+    def _sparse(a, pos, a_pos, b_pos, dtype, zc, scan=0.0):
+        """-> ("tiered" or "sparse", buffers, params); `scan`: tiered.plan's."""
         mbits = tiered.MANTISSA_BITS.get(dtype)
         if mbits is not None:
             e_pos = tiered.exponents(a_pos, mbits)
-            threshold, small = tiered.plan(a, e_pos, mbits)
-            if threshold:
-                buf, params = tiered.encode(pos, a_pos, b_pos, e_pos, threshold, small, mbits,
-                                            zc)
-                return "tiered", [buf], params
+            threshold, small = tiered.plan(a, e_pos, mbits, scan)
+            buf, params = tiered.encode(pos, a_pos, b_pos, e_pos, threshold,
+                                        tiered.NO_TIER if small is None else small, mbits, zc)
+            return "tiered", [buf], params
         is_float = dtype.is_floating_point
         d = _signed_diff(_keys(a_pos, is_float), _keys(b_pos, is_float))
         gaps = np.diff(pos, prepend=-1).astype(np.uint64) - np.uint64(1)

@@ -126,8 +126,8 @@ def tiered_join(a: np.ndarray, S: np.ndarray, pos_s: np.ndarray, r: np.ndarray, 
 
 
 def plan(a: np.ndarray, e_changed: np.ndarray, mbits: int, sample: int, price: float,
-         min_gain: float) -> tuple[int, np.ndarray | None]:
+         scan: float, min_gain: float) -> tuple[int, np.ndarray | None]:
     """tiered.plan with its listing pass (read-only S)."""
     best, S = lib.plan(a.itemsize, mbits, np.ascontiguousarray(a),
-                       np.ascontiguousarray(e_changed, a.dtype), sample, price, min_gain)
+                       np.ascontiguousarray(e_changed, a.dtype), sample, price, scan, min_gain)
     return best, None if S is None else np.frombuffer(S, np.int64)

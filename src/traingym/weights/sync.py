@@ -179,7 +179,8 @@ class Publisher:
             reason = "auto:full-faster"
         payload, changes, full_hash, wire, phases = None, None, "", None, {}
         if reason == "delta":
-            payload, changes = self.delta.encode_changes(self._shadow, state, cast=cast)
+            payload, changes = self.delta.encode_changes(
+                self._shadow, state, cast=cast, link_s_per_byte=self._link_s_per_byte)
             self._delta_s = time.perf_counter() - t0
             if self._since_anchor + payload.nbytes > self.cfg.anchor_budget * full_bytes:
                 payload, reason = None, "anchor-budget"

@@ -20,6 +20,11 @@ the old values, so:
   Huffman tables see one exponent's values at a time), then R's; their byte planes (low
   bytes, then high) in one zstd frame. No bit packing on either side, and on these updates
   no larger than exponent classes plus raw low bits (delta_context.py compares the two).
+- Threshold 0 is no tier: every change in R, its ranks plain positions, no pass over the
+  base on either side. The encoder uses it where no tier saves enough, and where the link is
+  fast enough that the bits a tier saves cost less time than its listing passes (`scan_bits`:
+  at 1 Gbit/s and ~1% changed, a tier saves about a fifth of the bytes, ~15 ms for the
+  1.08 GB state, and costs both sides ~0.3 s of passes over it).
 All streams go in one buffer (fewer 64-byte frame paddings); their lengths are params.
 Not covered: non-float dtypes and float formats outside MANTISSA_BITS ("sparse" codes them).
 """
@@ -41,6 +46,13 @@ MIN_GAIN = 0.02  # a tier must save this fraction of the estimated position bits
 # change, and on a first AdamW step (most weights moved by one ulp, where a split saves ~10%
 # of the position bits at best) the tier does not list most of the model.
 S_PRICE = 0.1
+# Both sides' extra time per element of a tensor coded with a tier rather than without
+# (threshold 0): the listing passes, the counts and the exponent order, one thread each.
+# 0.58 ns on this project's 2-core EPYC (benchmarks/weight_sync.py --sections tier,
+# BENCHMARKS.md), where a tier pays below a ~6 MB/s link at ~1% changed.
+LIST_S = 0.58e-9
+NO_TIER = np.empty(0, np.int64)  # S under threshold 0: no tier, every change in R
+NO_TIER.flags.writeable = False
 
 
 def _mag_mask(a: np.ndarray):
@@ -93,36 +105,48 @@ def _xlog(x: np.ndarray) -> np.ndarray:
     return x * np.log2(np.maximum(x, 1.0))  # 0 for x <= 1: counts, or estimates of them
 
 
-def _cost(s: np.ndarray, hs: np.ndarray, big_n: float, n: float) -> np.ndarray:
+def _cost(s: np.ndarray, hs: np.ndarray, big_n: float, n: float, scan: float) -> np.ndarray:
     """Zeroth-order position bits for each threshold T, given the element counts s[T] and
     changed counts hs[T] below it (m*H(k/m) for each tier, as m log m - k log k - (m-k) log
-    (m-k)), plus S_PRICE per element of S."""
+    (m-k)), plus S_PRICE per element of S, plus `scan` per element of the tensor for T > 0."""
     r, hr = np.maximum(big_n - s, 0.0), n - hs
     terms = _xlog(np.stack([s, hs, s - hs, r, hr, r - hr]))  # one call: these are short
-    return _SIGNS @ terms + S_PRICE * s
+    return _SIGNS @ terms + S_PRICE * s + np.where(np.arange(s.size) > 0, scan * big_n, 0.0)
 
 
-def plan(a: np.ndarray, e_changed: np.ndarray, mbits: int) -> tuple[int, np.ndarray | None]:
+def scan_bits(link_s_per_byte: float | None, threads: int = 1) -> float:
+    """What listing S costs, in bits per element of the tensor, on a link that moves a byte
+    in `link_s_per_byte` seconds (both sides' LIST_S of work, split over `threads`, against
+    the link time the same bits would take). 0 when the link is unknown: bytes first."""
+    if not link_s_per_byte:
+        return 0.0
+    return 8 * LIST_S / (max(threads, 1) * link_s_per_byte)
+
+
+def plan(a: np.ndarray, e_changed: np.ndarray, mbits: int,
+         scan: float = 0.0) -> tuple[int, np.ndarray | None]:
     """-> (T, S): the exponent threshold with the lowest estimated position cost and the
     sorted positions of the elements below it; (0, None) when no tier saves MIN_GAIN.
     Changed elements are counted exactly, the others from a strided sample; the pass then
     lists S, whose exact counts may lower T (a sample misjudges the rare small exponents of a
-    large tensor, such as the embedding). With the C kernels, one call does all of it."""
+    large tensor, such as the embedding). `scan` (scan_bits) charges any tier for the listing
+    passes, so that on a fast link, where the bits a tier saves take less time to send than
+    the passes take, the plan lists nothing. With the C kernels, one call does all of it."""
     if native.lib is not None:
-        return native.plan(a, e_changed, mbits, SAMPLE, S_PRICE, MIN_GAIN)
+        return native.plan(a, e_changed, mbits, SAMPLE, S_PRICE, scan, MIN_GAIN)
     n_e = 1 << (8 * a.itemsize - 1 - mbits)
     hit = np.bincount(_counts_ok(e_changed), minlength=n_e).astype(np.float64)
     hs = np.concatenate([[0.0], np.cumsum(hit)])  # hs[T]: changed elements with exponent < T
     n, big_n = float(e_changed.size), float(a.size)
     sample = exponents(a[:: max(1, a.size // SAMPLE)], mbits)
     cnt = np.maximum(np.bincount(_counts_ok(sample), minlength=n_e) * (big_n / sample.size), hit)
-    guess = int(np.argmin(_cost(np.concatenate([[0.0], np.cumsum(cnt)]), hs, big_n, n)))
+    guess = int(np.argmin(_cost(np.concatenate([[0.0], np.cumsum(cnt)]), hs, big_n, n, scan)))
     if guess == 0:
         return 0, None
     small = small_positions(a, guess << mbits)
     e_small = exponents(a[small], mbits)
     exact = np.bincount(_counts_ok(e_small), minlength=guess)[:guess]
-    cost = _cost(np.concatenate([[0.0], np.cumsum(exact)]), hs[: guess + 1], big_n, n)
+    cost = _cost(np.concatenate([[0.0], np.cumsum(exact)]), hs[: guess + 1], big_n, n, scan)
     best = int(np.argmin(cost))
     if best == 0 or cost[best] >= (1 - MIN_GAIN) * cost[0]:
         return 0, None
@@ -165,7 +189,8 @@ def unzigzag(z: np.ndarray) -> np.ndarray:
 def encode(pos: np.ndarray, a_pos: np.ndarray, b_pos: np.ndarray, e_pos: np.ndarray,
            threshold: int, S: np.ndarray, mbits: int, zc) -> tuple[bytes, tuple[int, ...]]:
     """-> (the one buffer, params). pos: changed positions (sorted); a_pos, b_pos: their old
-    and new bits; e_pos: their old exponents; threshold and S from `plan`."""
+    and new bits; e_pos: their old exponents; threshold and S from `plan` (0 and no S: no
+    tier)."""
     if native.lib is not None:
         ranks, ranks_r, planes = native.tiered_split(S, pos, a_pos, b_pos, threshold, mbits)
     else:
@@ -196,13 +221,13 @@ def decode(a: np.ndarray, buf, n_changed: int, params: tuple[int, ...], mbits: i
     if len(params) != 13:
         raise ValueError(f"tiered entry has {len(params)} params, not 13")
     threshold, mode, n_coded, k_s, esc_s, k_r, esc_r, *lens = params
-    if not (0 < threshold <= 1 << (8 * a.itemsize - 1 - mbits) and mode in (0, 1)
+    if not (0 <= threshold <= 1 << (8 * a.itemsize - 1 - mbits) and mode in (0, 1)
             and 0 <= min(k_s, k_r) and max(k_s, k_r) < 64 and min(n_coded, esc_s, esc_r) >= 0
             and min(lens) >= 0 and sum(lens) <= len(buf) and 0 < n_changed <= a.size):
         raise ValueError("tiered params out of range")
     cuts = np.cumsum([0, *lens, len(buf) - sum(lens)])
     u_s, l_s, e_s, u_r, l_r, e_r, values_z = (buf[cuts[i] : cuts[i + 1]] for i in range(7))
-    S = small_positions(a, threshold << mbits)
+    S = small_positions(a, threshold << mbits) if threshold else NO_TIER
     ranks = _unrice(u_s, l_s, e_s, n_coded, k_s, S.size)
     if mode:
         keep = np.ones(S.size, bool)
