@@ -218,6 +218,17 @@ def test_scan_price_turns_the_tier_off(lib, monkeypatch):
             assert tiered.plan(a, e_pos, mbits, fast) == (0, None)
 
 
+def test_may_pay_never_skips_a_tier_the_plan_would_pick(lib):
+    """may_pay is a bound: where it says no tier can pay, the plan agrees (at every price)."""
+    rng = np.random.default_rng(5)
+    a, b, pos, e_pos, _, _, mbits = _tiered_case(rng, np.uint16, 200_003)
+    for scan in (0.0, 1e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0):
+        for e in (e_pos, e_pos[: e_pos.size // 20]):
+            if not tiered.may_pay(e.size, a.size, scan):
+                assert tiered.plan(a, e, mbits, scan) == (0, None)
+    assert tiered.may_pay(pos.size, a.size, 0.0) and not tiered.may_pay(pos.size, a.size, 3.0)
+
+
 @pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.uint64])
 @pytest.mark.parametrize("n", [1, 5000, 200_003])
 def test_plan_matches_numpy(lib, monkeypatch, dtype, n):

@@ -168,6 +168,30 @@ static inline u64 mix(u64 z) {
     return z ^ (z >> 31);
 }
 
+/* The hash's movement from m changes (positions q, old and new bits widened), added to
+ * s[0], s[1]: per lane, the sum of h(q, new) - h(q, old), where h packs (q, value) into one
+ * word (or mixes q first: `packed` 0) and runs two keyed splitmix rounds (lthash.py). No
+ * branch in the loops, so that the compiler vectorises them (AVX-512's 64-bit multiplies). */
+static CLONES void hash_moves(const u64 *k, int packed, const u64 *q, const u64 *olds,
+                              const u64 *news, Py_ssize_t m, u64 *s) {
+    u64 s0 = 0, s1 = 0;
+    if (packed) {
+        for (Py_ssize_t j = 0; j < m; j++) {
+            u64 xo = (q[j] << 32) | olds[j], xn = (q[j] << 32) | news[j];
+            s0 += mix(mix(xn ^ k[0]) + k[1]) - mix(mix(xo ^ k[0]) + k[1]);
+            s1 += mix(mix(xn ^ k[3]) + k[4]) - mix(mix(xo ^ k[3]) + k[4]);
+        }
+    } else {
+        for (Py_ssize_t j = 0; j < m; j++) {
+            u64 base = mix(q[j] + k[2]), xo = base ^ olds[j], xn = base ^ news[j];
+            s0 += mix(mix(xn ^ k[0]) + k[1]) - mix(mix(xo ^ k[0]) + k[1]);
+            s1 += mix(mix(xn ^ k[3]) + k[4]) - mix(mix(xo ^ k[3]) + k[4]);
+        }
+    }
+    s[0] += s0;
+    s[1] += s1;
+}
+
 /* change_sum(keys, w, packed, pos, old, new) -> (lane0, lane1): the sum over i of
  * h(pos[i], new[i]) - h(pos[i], old[i]) (lthash.change_sum; keys: tensor_keys' 6 words). */
 static PyObject *change_sum(PyObject *self, PyObject *args) {
@@ -180,21 +204,23 @@ static PyObject *change_sum(PyObject *self, PyObject *args) {
         RELEASE(&kb, &pb, &ob, &nb);
         return NULL;
     }
-    u64 k[6], s0 = 0, s1 = 0;
+    u64 k[6], s[2] = {0, 0}, q[256], olds[256], news[256];
     memcpy(k, kb.buf, 48);
     const int64_t *pos = pb.buf;
     const uint8_t *po = ob.buf, *pn = nb.buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        u64 p = (u64)pos[i], base = packed ? p << 32 : mix(p + k[2]);
-        u64 xo = packed ? base | load(po + i * w, w) : base ^ load(po + i * w, w);
-        u64 xn = packed ? base | load(pn + i * w, w) : base ^ load(pn + i * w, w);
-        s0 += mix(mix(xn ^ k[0]) + k[1]) - mix(mix(xo ^ k[0]) + k[1]);
-        s1 += mix(mix(xn ^ k[3]) + k[4]) - mix(mix(xo ^ k[3]) + k[4]);
+    for (Py_ssize_t i0 = 0; i0 < n; i0 += 256) {
+        int m = n - i0 < 256 ? (int)(n - i0) : 256;
+        for (int j = 0; j < m; j++) {
+            q[j] = (u64)pos[i0 + j];
+            olds[j] = load(po + (i0 + j) * w, w);
+            news[j] = load(pn + (i0 + j) * w, w);
+        }
+        hash_moves(k, packed, q, olds, news, m, s);
     }
     Py_END_ALLOW_THREADS
     RELEASE(&kb, &pb, &ob, &nb);
-    return Py_BuildValue("KK", (unsigned long long)s0, (unsigned long long)s1);
+    return Py_BuildValue("KK", (unsigned long long)s[0], (unsigned long long)s[1]);
 }
 
 /* Order-preserving keys of float bit patterns (entropy.float_key / float_unkey), width w. */
@@ -206,16 +232,6 @@ static inline u64 float_key(u64 x, int w) {
 static inline u64 float_unkey(u64 k, int w) {
     u64 top = 1ULL << (8 * w - 1), ones = w == 8 ? ~0ULL : (1ULL << (8 * w)) - 1;
     return k ^ ((k & top) ? top : ones);
-}
-
-static inline u64 element_hash(const u64 *k, int packed, u64 p, u64 v) {
-    u64 x = packed ? (p << 32) | v : mix(p + k[2]) ^ v;
-    return mix(mix(x ^ k[0]) + k[1]);
-}
-
-static inline u64 element_hash1(const u64 *k, int packed, u64 p, u64 v) {
-    u64 x = packed ? (p << 32) | v : mix(p + k[2]) ^ v;
-    return mix(mix(x ^ k[3]) + k[4]);
 }
 
 /* apply_keys(w, is_float, a, pos, kd, keys, packed, offset) -> (lane0, lane1): a[pos[i]] moves by
@@ -241,14 +257,14 @@ static PyObject *apply_keys(PyObject *self, PyObject *args) {
     const int64_t *pos = pb.buf;
     const uint8_t *pk = kb.buf;
     uint8_t *pa = ab.buf;
-    u64 k[6] = {0}, s0 = 0, s1 = 0, mask = w == 8 ? ~0ULL : (1ULL << (8 * w)) - 1;
+    u64 k[6] = {0}, s[2] = {0, 0}, mask = w == 8 ? ~0ULL : (1ULL << (8 * w)) - 1;
     if (hash) memcpy(k, keyb.buf, 48);
     int bad = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) bad |= pos[i] < 0 || pos[i] >= size;
     /* blocks of 256: the scattered reads and writes in tight loops (many misses in flight),
      * then the hash over the block's values in cache */
-    u64 olds[256], news[256];
+    u64 q[256], olds[256], news[256];
     for (Py_ssize_t i0 = 0; i0 < n && !bad; i0 += 256) {
         int m = n - i0 < 256 ? (int)(n - i0) : 256;
         for (int j = 0; j < m; j++) olds[j] = load(pa + pos[i0 + j] * w, w);
@@ -259,16 +275,13 @@ static PyObject *apply_keys(PyObject *self, PyObject *args) {
             store(pa + pos[i0 + j] * w, w, news[j]);
         }
         if (!hash) continue;
-        for (int j = 0; j < m; j++) {
-            u64 q = (u64)pos[i0 + j] + (u64)offset;
-            s0 += element_hash(k, packed, q, news[j]) - element_hash(k, packed, q, olds[j]);
-            s1 += element_hash1(k, packed, q, news[j]) - element_hash1(k, packed, q, olds[j]);
-        }
+        for (int j = 0; j < m; j++) q[j] = (u64)pos[i0 + j] + (u64)offset;
+        hash_moves(k, packed, q, olds, news, m, s);
     }
     Py_END_ALLOW_THREADS
     RELEASE(&ab, &pb, &kb, &keyb);
     if (bad) return PyErr_Format(PyExc_ValueError, "position out of range");
-    return Py_BuildValue("KK", (unsigned long long)s0, (unsigned long long)s1);
+    return Py_BuildValue("KK", (unsigned long long)s[0], (unsigned long long)s[1]);
 }
 
 /* Bit streams, most significant bit first (np.packbits' order). */

@@ -229,13 +229,26 @@ class DeltaCodec:
         return name, method, bufs, int(pos.size), params, span, pos, b_pos, s, \
             {"extract": t1 - t0, "code": t2 - t1, "verify": t3 - t2}
 
+    def write(self, state: State, changes: Changes) -> None:
+        """Write an encode's changed elements into `state` (its base: the publisher's shadow
+        becomes the target), by this codec's threads, each its own pieces."""
+        groups = [changes.pieces[i :: self.threads] for i in range(self.threads)]
+
+        def run(pieces):
+            for name, start, pos, new_bits in pieces:
+                bits(state[name])[start:][pos] = new_bits
+
+        self._pool.map(run, [g for g in groups if g])
+
     @staticmethod
     def _sparse(a, pos, a_pos, b_pos, dtype, zc, scan=0.0):
         """-> ("tiered" or "sparse", buffers, params); `scan`: tiered.plan's."""
         mbits = tiered.MANTISSA_BITS.get(dtype)
         if mbits is not None:
-            e_pos = tiered.exponents(a_pos, mbits)
-            threshold, small = tiered.plan(a, e_pos, mbits, scan)
+            pays = tiered.may_pay(pos.size, a.size, scan)
+            # the exponents: for the plan, and for NumPy's split (C's finds its own)
+            e_pos = tiered.exponents(a_pos, mbits) if pays or native.lib is None else None
+            threshold, small = tiered.plan(a, e_pos, mbits, scan) if pays else (0, None)
             buf, params = tiered.encode(pos, a_pos, b_pos, e_pos, threshold,
                                         tiered.NO_TIER if small is None else small, mbits, zc)
             return "tiered", [buf], params

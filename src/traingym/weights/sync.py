@@ -131,7 +131,8 @@ class PublishStats:
     reason: str
     phases: dict = dataclasses.field(default_factory=dict)
     """Seconds of a delta's encode phases (extract, code, verify: summed over threads; shadow:
-    the publisher's copy of the changed elements); empty for a full update."""
+    writing the changed elements into the publisher's copy, after the send and outside
+    encode_s unless a full hash needed it first); empty for a full update."""
 
 
 class Publisher:
@@ -189,16 +190,14 @@ class Publisher:
             payload = self.full.encode(None, wire)
             target_hash = state_hash(wire)
         else:
-            t1 = time.perf_counter()
-            for name, start, pos, new_bits in changes.pieces:  # O(changes), no tensor copy
-                bits(self._shadow[name])[start:][pos] = new_bits
             self._sum = self._sum + changes.sum
             self._since_anchor += payload.nbytes
             self._deltas += 1
-            phases = {**changes.times, "shadow": time.perf_counter() - t1}
+            phases = dict(changes.times)
             target_hash = lthash.identity(self._anchor_hash, self._sum)
             every = self.cfg.full_hash_every
             if every and self._deltas % every == 0:
+                self._update_shadow(changes, phases)
                 full_hash = state_hash(self._shadow)  # the shadow is the target now
         anchor = payload.is_anchor
         header = dataclasses.replace(
@@ -218,6 +217,8 @@ class Publisher:
             self._shadow = None  # it may hold an unsent version: the next update is an anchor
             raise
         send_s = time.perf_counter() - t1
+        if not anchor and "shadow" not in phases:
+            self._update_shadow(changes, phases)  # after the send: beside the receiver's apply
         if payload.nbytes > 1 << 20:
             self._link_s_per_byte = send_s / payload.nbytes
         if anchor:
@@ -229,6 +230,12 @@ class Publisher:
         changed = changes.n_changed if not anchor else -1
         return PublishStats(version, header.codec, payload.nbytes, full_bytes, changed,
                             encode_s, send_s, reason, phases)
+
+    def _update_shadow(self, changes, phases: dict) -> None:
+        """The shadow becomes the delta's target: its changed elements written, O(changes)."""
+        t0 = time.perf_counter()
+        self.delta.write(self._shadow, changes)
+        phases["shadow"] = time.perf_counter() - t0
 
     def _cast_anchor(self, state: State, cast: torch.dtype, reason: str) -> State:
         """The anchor's target, `state` cast: into the shadow's own tensors when it has the

@@ -31,6 +31,8 @@ Not covered: non-float dtypes and float formats outside MANTISSA_BITS ("sparse" 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import zstandard
@@ -121,6 +123,16 @@ def scan_bits(link_s_per_byte: float | None, threads: int = 1) -> float:
     if not link_s_per_byte:
         return 0.0
     return 8 * LIST_S / (max(threads, 1) * link_s_per_byte)
+
+
+def may_pay(n: int, size: int, scan: float) -> bool:
+    """Whether any tier could save MIN_GAIN for n changes in `size` elements once its passes
+    cost `scan` bits per element: a tier costs at least that, and no tier costs the
+    positions' zeroth-order bits (`_cost` at T = 0). False spares plan's sample and counts."""
+    if scan <= 0:
+        return True
+    x = lambda v: v * math.log2(v) if v > 1 else 0.0  # noqa: E731 (_xlog, for one number)
+    return scan * size < (1 - MIN_GAIN) * (x(size) - x(n) - x(size - n))
 
 
 def plan(a: np.ndarray, e_changed: np.ndarray, mbits: int,
