@@ -8,7 +8,9 @@ change both ways), with `DeltaCodec(threads).encode_changes` and applies each pa
 of its base with `apply_changes`; the first two deltas warm up (first-touch page faults of the
 fresh arrays) and are not counted. Per process it reports medians of the encode wall time and
 its phases (extract, code, verify: CPU seconds summed over threads) and of the apply wall
-time and its phases (decode, apply). "before" is a git worktree of --before with its C kernels
+time and its phases (decode, apply). --link-mbps tells the encoder the link's speed where
+its tree takes it (the link-aware plan, tiered.scan_bits); an older tree codes for the fewest
+bytes, as it would on that link. "before" is a git worktree of --before with its C kernels
 built in place (setup.py build_ext --inplace); "after" is this checkout (its kernels as
 installed). Both run this file's --measure code with PYTHONPATH on their own src, in the same
 venv, --rounds times each, alternating, so a slow phase of the shared machine falls on both.
@@ -32,7 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(cache: str, copies: int, threads: int, deltas: int) -> dict:
+def measure(cache: str, copies: int, threads: int, deltas: int, link_mbps: float) -> dict:
+    import inspect
+
     import torch
 
     torch.set_num_threads(1)
@@ -47,10 +51,13 @@ def measure(cache: str, copies: int, threads: int, deltas: int) -> dict:
     new = {f"{i}.{k}": v.clone() for i in range(copies) for k, v in states[3].items()}
     del states
     codec, rows = DeltaCodec(threads=threads), []
+    # a tree that predates the link-aware plan codes for the fewest bytes whatever the link
+    link = {"link_s_per_byte": 8 / (link_mbps * 1e6)} if link_mbps and "link_s_per_byte" \
+        in inspect.signature(codec.encode_changes).parameters else {}
     for d in range(deltas):
         src, dst = (old, new) if d % 2 == 0 else (new, old)
         t0 = time.perf_counter()
-        payload, sent = codec.encode_changes(src, dst)
+        payload, sent = codec.encode_changes(src, dst, **link)
         encode_s = time.perf_counter() - t0
         base = {k: v.clone() for k, v in src.items()}
         t0 = time.perf_counter()
@@ -63,7 +70,7 @@ def measure(cache: str, copies: int, threads: int, deltas: int) -> dict:
                          **{f"encode_{k}_s": v for k, v in sent.times.items()},
                          **{f"apply_{k}_s": v for k, v in applied.times.items()}})
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    return {"codecs_py": codecs.__file__, "native": native.lib is not None,
+    return {"codecs_py": codecs.__file__, "native": native.lib is not None, "link": link,
             "changed": sent.n_changed, "median": med, "deltas": rows}
 
 
@@ -80,13 +87,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--deltas", type=int, default=6, help="per process; the first 2 warm up")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--link-mbps", type=float, default=0.0,
+                    help="the link the encoder is told of (Mbit/s; 0: none, fewest bytes), "
+                         "where its tree takes one")
     ap.add_argument("--out", default="/tmp/codec_before_after.json")
     ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.deltas < 3:
         ap.error("--deltas must be at least 3 (two warm up)")
     if args.measure:
-        print(json.dumps(measure(args.cache, args.copies, args.threads, args.deltas)))
+        print(json.dumps(measure(args.cache, args.copies, args.threads, args.deltas,
+                                 args.link_mbps)))
         return
     with tempfile.TemporaryDirectory() as tmp:
         before = Path(tmp) / "before"
@@ -105,7 +116,7 @@ def main() -> None:
                            "OMP_NUM_THREADS": "1"}
                     cmd = [sys.executable, __file__, "--measure", "--cache", args.cache,
                            "--copies", str(args.copies), "--threads", str(args.threads),
-                           "--deltas", str(args.deltas)]
+                           "--deltas", str(args.deltas), "--link-mbps", str(args.link_mbps)]
                     out = subprocess.run(cmd, env=env, capture_output=True, text=True,
                                          check=True).stdout
                     res = json.loads(out.strip().splitlines()[-1])
@@ -123,6 +134,7 @@ def main() -> None:
     for k in ("encode_s", "apply_s"):
         summary[f"after_over_before_{k}"] = summary["after"][k] / summary["before"][k]
     result = {"commits": commits, "copies": args.copies, "threads": args.threads,
+              "link_mbps": args.link_mbps,
               "deltas_per_process": args.deltas, "rounds": args.rounds, "cpu": os.cpu_count(),
               "summary": summary, "runs": runs}
     Path(args.out).write_text(json.dumps(result, indent=1))
