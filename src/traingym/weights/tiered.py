@@ -23,8 +23,8 @@ the old values, so:
 - Threshold 0 is no tier: every change in R, its ranks plain positions, no pass over the
   base on either side. The encoder uses it where no tier saves enough, and where the link is
   fast enough that the bits a tier saves cost less time than its listing passes (`scan_bits`:
-  at 1 Gbit/s and ~1% changed, a tier saves about a fifth of the bytes, ~15 ms for the
-  1.08 GB state, and costs both sides ~0.3 s of passes over it).
+  at ~1% changed a tier saves about a fifth of the bytes, 1.9 MB of 9.2 for the 1.08 GB
+  state, 15 ms at 1 Gbit/s, and costs both sides ~0.35 s of passes over it).
 All streams go in one buffer (fewer 64-byte frame paddings); their lengths are params.
 Not covered: non-float dtypes and float formats outside MANTISSA_BITS ("sparse" codes them).
 """
@@ -50,9 +50,10 @@ MIN_GAIN = 0.02  # a tier must save this fraction of the estimated position bits
 S_PRICE = 0.1
 # Both sides' extra time per element of a tensor coded with a tier rather than without
 # (threshold 0): the listing passes, the counts and the exponent order, one thread each.
-# 0.58 ns on this project's 2-core EPYC (benchmarks/weight_sync.py --sections tier,
-# BENCHMARKS.md), where a tier pays below a ~6 MB/s link at ~1% changed.
-LIST_S = 0.58e-9
+# 0.65 ns on this project's 2-core EPYC (benchmarks/weight_sync.py --sections tier, in
+# benchmarks/results/weight_sync_scaling_notier.json): at ~1% changed a tier pays on links
+# below about 5 MB/s.
+LIST_S = 0.65e-9
 NO_TIER = np.empty(0, np.int64)  # S under threshold 0: no tier, every change in R
 NO_TIER.flags.writeable = False
 
