@@ -144,6 +144,37 @@ def test_auto_prefers_delta_on_a_slow_link_and_full_on_a_fast_one(states):
     assert pub.publish(states[4], 4).reason == "auto:full-faster"
 
 
+class _Capture:
+    def __init__(self) -> None:
+        self.sent: list[Payload] = []
+
+    def send(self, payload: Payload) -> None:
+        self.sent.append(payload)
+
+
+def test_the_publisher_splits_tensors_only_where_its_link_makes_it_pay():
+    """The publisher tells the codec its measured link: on a slow link the tiered split
+    (small weights listed on both sides) pays, on a fast one threshold 0 is sent."""
+    g = torch.Generator().manual_seed(0)
+    tiny = torch.rand(200_000, generator=g) < 0.01
+    base = (torch.randn(200_000, generator=g) * torch.where(tiny, 1e-5, 0.02)).bfloat16()
+    moved = torch.rand(200_000, generator=g) < torch.where(tiny, 0.3, 0.004)
+    step = torch.where(tiny, 3e-5, 2e-4) * torch.randn(200_000, generator=g)
+    states = [{"w": base}]
+    for _ in range(2):
+        states.append({"w": torch.where(moved, (states[-1]["w"].double() + step).bfloat16(),
+                                        states[-1]["w"])})
+    sender = _Capture()
+    pub = Publisher(sender, PublisherConfig(codec="delta"))
+    pub.publish(states[0], 0)
+    thresholds = []
+    for v, link in ((1, 1e-6), (2, 1e-11)):  # 1 MB/s, then 100 GB/s
+        pub._link_s_per_byte = link
+        pub.publish(states[v], v)
+        thresholds.append(sender.sent[-1].header.tensors[0].params[0])
+    assert thresholds[0] > 0 and thresholds[1] == 0
+
+
 def test_dead_sender_raises_on_receive():
     sender = InprocSender(InprocConfig(name="dead"))
     r = InprocReceiver(InprocConfig(name="dead"))
