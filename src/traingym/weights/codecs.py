@@ -10,7 +10,8 @@ delta, per tensor, picks the smallest of:
   nothing to locate); values as byte planes through zstd, ordered by old exponent. Where
   0.4-5%-dense bf16 RL updates land. The encoder splits a tensor when it estimates a saving
   worth the split's passes over the tensor at the link's speed; otherwise threshold 0 (no
-  split: the same bytes as sparse within a few percent, 2-3x faster both ways).
+  split: on the RL step 1% more bytes than sparse, 2.8x faster to code and 1.4x to apply;
+  BENCHMARKS.md, the tier table).
 - xor: old ^ new, split into byte planes, zstd. For dense changes with large differences.
 - raw: the new bytes. Never worse than a full send of that tensor.
 Bit-exact for every dtype (floats get the key map, others are coded as plain integers):

@@ -52,7 +52,7 @@ from traingym.weights.base import (CODECS, BaseMismatch, IntegrityError, Payload
 from traingym.weights import lthash
 from traingym.weights.codecs import apply_changes  # also fills CODECS
 from traingym.weights.frame import seal, verify_body
-from traingym.weights.hashing import bits, state_hash
+from traingym.weights.hashing import state_hash
 
 
 class Chain:

@@ -132,8 +132,12 @@ def may_pay(n: int, size: int, scan: float) -> bool:
     positions' zeroth-order bits (`_cost` at T = 0). False spares plan's sample and counts."""
     if scan <= 0:
         return True
-    x = lambda v: v * math.log2(v) if v > 1 else 0.0  # noqa: E731 (_xlog, for one number)
-    return scan * size < (1 - MIN_GAIN) * (x(size) - x(n) - x(size - n))
+    no_tier = _xlog1(size) - _xlog1(n) - _xlog1(size - n)
+    return scan * size < (1 - MIN_GAIN) * no_tier
+
+
+def _xlog1(v: float) -> float:
+    return v * math.log2(v) if v > 1 else 0.0  # _xlog for one number
 
 
 def plan(a: np.ndarray, e_changed: np.ndarray, mbits: int,
