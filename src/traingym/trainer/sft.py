@@ -129,7 +129,7 @@ def sft_phase(run) -> dict | None:
             (loss_sum / max(n_tok, 1)).backward()
             grad_norm = trainer.clip_and_step()
             record = {"phase": "sft", "step": 0, "sft_step": k + 1, "sft_steps": total,
-                      "loss": float(loss_sum) / max(n_tok, 1), "trained_tokens": n_tok,
+                      "loss": float(loss_sum.detach()) / max(n_tok, 1), "trained_tokens": n_tok,
                       "grad_norm": grad_norm, "lr": cfg.sft.lr,
                       "seconds_step": time.monotonic() - t0}
             every = cfg.sft.checkpoint_every
