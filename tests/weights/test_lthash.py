@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from traingym.weights import codecs, extract, lthash
+from traingym.weights import extract, lthash
 from traingym.weights.base import TransportTimeout
-from traingym.weights.codecs import DeltaCodec, apply_changes, plan_pieces
+from traingym.weights.changes import plan_pieces
+from traingym.weights.codecs import DeltaCodec, apply_changes
 from traingym.weights.frame import from_buffer, seal, to_bytes
 from traingym.weights.hashing import bits, state_hash
 from traingym.weights.inproc import InprocConfig, InprocReceiver, InprocSender
@@ -178,7 +179,7 @@ def test_sharding_costs_under_2_percent_and_applies_in_parallel(states):
 
 
 def test_pieces_cover_every_tensor_once(monkeypatch):
-    monkeypatch.setattr(codecs, "PIECE_ALIGN", 16)
+    monkeypatch.setattr("traingym.weights.changes.PIECE_ALIGN", 16)
     g = torch.Generator().manual_seed(0)
     state = {f"t{i}": torch.randn(int(n), generator=g).bfloat16()
              for i, n in enumerate([1000, 0, 3, 5000, 17, 4096])}
@@ -224,7 +225,7 @@ def _masters(n_steps=3, seed=0):
 @pytest.mark.parametrize("threads", [1, 3])
 def test_cast_path_matches_casting_first(threads, monkeypatch):
     monkeypatch.setattr(extract, "CAST_CHUNK", 4096)  # many chunks, a ragged last one
-    monkeypatch.setattr(codecs, "PIECE_ALIGN", 1024)
+    monkeypatch.setattr("traingym.weights.changes.PIECE_ALIGN", 1024)
     masters = _masters()
     cfg = PublisherConfig(codec="delta", full_hash_every=2, threads=threads)
     fused = Publisher(InprocSender(InprocConfig(name=f"cast-f{threads}")), cfg)

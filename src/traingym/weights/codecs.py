@@ -33,7 +33,6 @@ Not covered: GPU tensors (export to CPU first), structure changes between versio
 
 from __future__ import annotations
 
-import bisect
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -45,7 +44,7 @@ import zstandard
 from traingym.weights import entropy, lthash, native, tiered
 from traingym.weights.base import BaseMismatch, IntegrityError, Payload, State, TensorEntry, UpdateHeader
 from traingym.weights.base import register_codec
-from traingym.weights.changes import Changes, Pool
+from traingym.weights.changes import Changes, Pool, plan_pieces
 from traingym.weights.extract import cast_changes, changes
 from traingym.weights.hashing import bits, dtype_name, dtype_of
 
@@ -81,38 +80,6 @@ class _Builder:
     def payload(self, codec: str) -> Payload:
         return Payload(UpdateHeader(codec=codec, target_version=-1, target_hash="",
                                     tensors=tuple(self.entries)), self.buffers)
-
-
-PIECE_ALIGN = 1 << 16  # a tensor is cut into pieces only at multiples of this many elements
-
-
-def plan_pieces(state: State, shards: int) -> list[list[tuple[str, int, int]]]:
-    """Split the state, tensors in sorted name order, into `shards` runs of about equal
-    bytes: lists of (name, start, stop) flat element ranges. A tensor is cut only where a
-    run ends inside it, at a multiple of PIECE_ALIGN elements, so at most shards - 1 tensors
-    are cut (one more header entry each)."""
-    if shards < 1:
-        raise ValueError(f"shards must be at least 1, not {shards}")
-    names = sorted(state)
-    total = sum(state[n].numel() * state[n].element_size() for n in names)
-    ends = [(j + 1) * total // shards for j in range(shards)]  # where each run ends, bytes
-    out: list[list[tuple[str, int, int]]] = [[] for _ in range(shards)]
-    done = 0  # bytes before the current tensor
-    for name in names:
-        t = state[name]
-        n, w = t.numel(), t.element_size()
-        start = 0
-        while True:
-            k = min(shards - 1, bisect.bisect_right(ends, done + start * w))
-            stop = n if k == shards - 1 else min(n, -(-(ends[k] - done) // w))
-            if stop < n:
-                stop = min(n, max(start + 1, -(-stop // PIECE_ALIGN) * PIECE_ALIGN))
-            out[k].append((name, start, stop))
-            if stop >= n:
-                break
-            start = stop
-        done += n * w
-    return [run for run in out if run]
 
 
 @register_codec("full")
