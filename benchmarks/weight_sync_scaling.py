@@ -222,10 +222,8 @@ def section_tier(old, new, copies: int, repeat: int) -> dict:
     from traingym.weights import tiered
     from traingym.weights.codecs import DeltaCodec, apply_changes
 
-    big_old = {f"{i}.{k}": v for i in range(copies) for k, v in old.items()}
-    big_new = {f"{i}.{k}": v for i in range(copies) for k, v in new.items()}
-    big_old = {k: v.clone() for k, v in big_old.items()}
-    big_new = {k: v.clone() for k, v in big_new.items()}
+    big_old = {f"{i}.{k}": v.clone() for i in range(copies) for k, v in old.items()}
+    big_new = {f"{i}.{k}": v.clone() for i in range(copies) for k, v in new.items()}
     recv = {k: v.clone() for k, v in big_old.items()}
     elements = sum(t.numel() for t in big_old.values())
     variants = {"tier": None, "no tier": 1e-15, "sparse": None}
