@@ -123,7 +123,7 @@ def calibrate_engine(model_dir: Path, prompts: int, tokens: int, threads: int
     from traingym.envs.tasks import builtin_task
     from traingym.models.loader import load_policy
     from traingym.rollout.torch_engine import TorchEngine
-    from traingym.types import GenerationRequest, SamplingParams
+    from traingym.core.types import GenerationRequest, SamplingParams
 
     torch.set_num_threads(threads)
     model, tok = load_policy(str(model_dir))
@@ -148,7 +148,7 @@ def calibrate_engine(model_dir: Path, prompts: int, tokens: int, threads: int
 
 
 def predict(name: str, args, gen: tuple[float, float], run: dict, seed: int) -> dict:
-    from traingym.cluster.simulate import SimConfig, simulate
+    from traingym.plan.simulate import SimConfig, simulate
 
     k = CONFIGS[name].max_staleness
     r = simulate(SimConfig(steps=args.steps, prompts_per_step=args.prompts, group_size=4,

@@ -19,9 +19,9 @@ import torch
 
 from traingym.models.families import stop_token_ids
 from traingym.models.loader import load_policy
-from traingym.precision import fast_bf16
+from traingym.core.precision import fast_bf16
 from traingym.rollout.torch_engine import TorchEngine
-from traingym.types import GenerationRequest, SamplingParams
+from traingym.core.types import GenerationRequest, SamplingParams
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ server's memory while a live run appends.
    and end of the phase, the least-squares slope (MiB per minute), the bytes appended, and
    the poll latencies.
 
-The server process imports torch at start-up (traingym.cli imports traingym.config, which
+The server process imports torch at start-up (traingym.cli imports traingym.config.schema, which
 imports the rollout registry), so its RSS includes torch's.
 """
 

@@ -21,7 +21,7 @@ from traingym.envs.render import PromptRenderer
 from traingym.envs.tasks import builtin_task
 from traingym.models.embedded import embedded_model_dir
 from traingym.rollout.torch_engine import TorchEngine
-from traingym.types import GenerationRequest, SamplingParams
+from traingym.core.types import GenerationRequest, SamplingParams
 
 
 def main():

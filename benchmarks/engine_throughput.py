@@ -37,7 +37,7 @@ from traingym.envs.tasks import builtin_task
 from traingym.models.embedded import embedded_model_dir
 from traingym.rollout.torch_engine import TorchEngine
 from traingym.rollout.vllm_engine import VLLMEngine, default_python
-from traingym.types import GenerationRequest, SamplingParams
+from traingym.core.types import GenerationRequest, SamplingParams
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -30,7 +30,7 @@ def main() -> None:
                     "give it when running a snapshot through PYTHONPATH)")
     args = ap.parse_args()
     run = Path(args.run_dir).resolve()
-    from traingym.checkpoint import committed
+    from traingym.runs.checkpoint import committed
 
     ckpt = committed(run / "checkpoints")[-1]
     report = json.loads((run / "results.json").read_text())["eval"]

@@ -42,11 +42,11 @@ def child(args) -> dict:
 
     import torch
 
-    from traingym.config import TrainerConfig
+    from traingym.trainer.config import TrainerConfig
     from traingym.models.loader import load_policy
     from traingym.trainer.micro import sequence_logprobs
     from traingym.trainer.torch_trainer import TorchTrainer, batch_tokens
-    from traingym.types import Batch, Group, Sample
+    from traingym.core.types import Batch, Group, Sample
 
     torch.set_num_threads(args.threads)
     model, tok = load_policy(args.model)

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-from traingym.config_load import build_config
-from traingym.loop import train_loop
+from traingym.config.load import build_config
+from traingym.loop.sync import train_loop
 from traingym.observability.events import read_events
-from traingym.run import build_run
+from traingym.loop.build import build_run
 
 PHASES = ("sync_cast_s", "sync_encode_s", "sync_send_s", "sync_apply_s", "sync_engine_s")
 KEPT = ("step", "sync_codec", "sync_reason", "sync_bytes", "sync_changed_frac", "seconds_sync",

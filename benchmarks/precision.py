@@ -23,14 +23,14 @@ from pathlib import Path
 
 import torch
 
-from traingym.config import TrainerConfig
+from traingym.trainer.config import TrainerConfig
 from traingym.envs.render import PromptRenderer
 from traingym.envs.tasks import builtin_task
 from traingym.models.loader import load_policy
-from traingym.precision import autocast_bf16, engine_dtype, fast_bf16
+from traingym.core.precision import autocast_bf16, engine_dtype, fast_bf16
 from traingym.rollout.torch_engine import TorchEngine
 from traingym.trainer.torch_trainer import TorchTrainer
-from traingym.types import Batch, GenerationRequest, Group, Sample, SamplingParams
+from traingym.core.types import Batch, GenerationRequest, Group, Sample, SamplingParams
 
 
 def main():

@@ -9,7 +9,7 @@ cluster, 8 prompts per GPU (64, 512 and 4096 prompts x 16 samples at 8, 64 and 5
 same work per GPU per step, so the step time stays comparable; 512 x 16 at 64 GPUs is the
 reference workload), plus a 512-GPU run at the fixed 512 x 16 batch. One optimizer step per RL step.
 
-GPU-side rates are assumptions from published figures (traingym/cluster/planner.py
+GPU-side rates are assumptions from published figures (traingym/plan/planner.py
 GPU_PRESETS "h100", each with its source, used unscaled: they were measured on an 8B model;
 docs/scale.md discusses them); the CPU-side costs of weight sync are the delta codec's
 figures measured here, read from benchmarks/results/weight_sync_compress.json
@@ -47,7 +47,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from traingym.cluster import planner
-from traingym.cluster.simulate import SimConfig
+from traingym.plan.simulate import SimConfig
 
 GB = 1e9
 H100 = planner.GPU_PRESETS["h100"]

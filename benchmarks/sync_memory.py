@@ -138,8 +138,8 @@ def child(args) -> dict:
     import torch
 
     import traingym
-    from traingym.loop import train_loop
-    from traingym.run import build_run
+    from traingym.loop.sync import train_loop
+    from traingym.loop.build import build_run
 
     torch.set_num_threads(args.threads)
     path = "embedded" if args.model == "embedded" else str(Path(args.cache) / "llama-362m")

@@ -52,7 +52,7 @@ def run_one(trace_on: bool, steps: int, work: Path) -> dict:
 
 def span_cost_us(work: Path, n: int = 20000) -> dict:
     """Microseconds per span, off and on (one JSON line written and flushed each)."""
-    from traingym.observability import trace
+    from traingym.core import trace
 
     def timed() -> float:
         t0 = time.perf_counter()

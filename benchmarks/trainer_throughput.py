@@ -94,9 +94,9 @@ def make_data(a, tok) -> tuple[list, list, list]:
 def traingym_side(a, model, tok, data):
     """A callable running one TorchTrainer.train_step on the batch; its metrics."""
     from traingym.algorithms.grpo import GRPO
-    from traingym.config import TrainerConfig
+    from traingym.trainer.config import TrainerConfig
     from traingym.trainer.torch_trainer import TorchTrainer
-    from traingym.types import Batch, Group, Sample
+    from traingym.core.types import Batch, Group, Sample
 
     prompts, completions, advantages = data
     groups = [Group([Sample(p, list(c), [0.0] * len(c), [0] * len(c), {}) for c in comps], i)

@@ -16,7 +16,7 @@ master weights, 2 torch threads, the same number of steps. A step is generation 
 training + weight sync (traingym: rollout + train + sync from its events.jsonl, checkpoint
 time excluded; TRL: on_step_begin to on_step_end, logging excluded). Each framework trains in
 its own subprocess, one after the other; then one evaluator scores the base and both trained
-models on the held-out rows (traingym's TorchEngine in bf16 and traingym.evaluate: greedy, and
+models on the held-out rows (traingym's TorchEngine in bf16 and traingym.envs.evaluate: greedy, and
 4 samples per prompt at T=1, 8 new tokens, stop at end of turn; standard errors over prompts).
 
 Not equal, because the frameworks differ inside: traingym samples from a separate bf16 copy
@@ -73,7 +73,7 @@ def peak_rss_gb() -> float:
 
 def run_traingym(a, work: Path) -> dict:
     import traingym
-    from traingym.config_load import build_config
+    from traingym.config.load import build_config
 
     cfg = build_config(overrides={
         "seed": a.seed, "steps": a.steps, "threads": a.threads,
@@ -165,7 +165,7 @@ def run_eval(a, work: Path) -> dict:
     from traingym.envs.render import PromptRenderer
     from traingym.envs.single_turn import SingleTurnFactory
     from traingym.envs.tasks import builtin_task, exact_answer
-    from traingym.evaluate import evaluate, paired_difference
+    from traingym.envs.evaluate import evaluate, paired_difference
     from traingym.models.loader import load_policy
     from traingym.rollout.torch_engine import TorchEngine
 

@@ -57,6 +57,7 @@ import torch  # noqa: E402
 import zstandard  # noqa: E402
 
 torch.set_num_threads(1)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # realistic_weights
 from traingym.weights import entropy, tiered  # noqa: E402
 from traingym.weights.codecs import DeltaCodec, apply  # noqa: E402
 from traingym.weights.extract import changed_positions, changes  # noqa: E402
@@ -67,8 +68,8 @@ MODEL_DIR = Path.home() / ".cache/traingym/models/smollm2-135m-instruct"
 
 
 def tiny_stream(steps: int, lr: float):
-    """A tiny Llama's bf16 states (weights/realistic.py): for smokes of the timed sections."""
-    from traingym.weights.realistic import rl_states, tiny_llama
+    """A tiny Llama's bf16 states (tests/realistic_weights.py): for smokes of the timed sections."""
+    from realistic_weights import rl_states, tiny_llama
 
     return [{k: v for k, v in s.items() if k != "lm_head.weight"}
             for s in rl_states(tiny_llama(hidden=256, layers=4, vocab=4096), steps, lr=lr)]
@@ -91,7 +92,7 @@ def rl_stream(steps: int, lr: float, cache: str | None = None):
         return states
     from transformers import AutoModelForCausalLM
 
-    from traingym.weights.realistic import rl_states
+    from realistic_weights import rl_states
 
     model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32)
     model.config.tie_word_embeddings = True

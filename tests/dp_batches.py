@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from traingym.types import Batch, Group, Sample
+from traingym.core.types import Batch, Group, Sample
 
 RTOL = 1e-5
 # Weights after AdamW steps: an element whose gradient is near zero (|g| ~ AdamW's eps, 1e-8)

@@ -16,9 +16,9 @@ import os
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from traingym.precision import engine_dtype
+from traingym.core.precision import engine_dtype
 from traingym.rollout.base import EngineAbilities
-from traingym.types import Completion, GenerationRequest
+from traingym.core.types import Completion, GenerationRequest
 from traingym.weights.colocated import wire_state
 from traingym.weights.hashing import state_hash
 

@@ -3,7 +3,7 @@
 Public API (imported lazily so that `import traingym` stays cheap):
   train(config, dataset=, eval_dataset=, reward=, run_dir=, resume=) -> TrainResult
   Config, build_config                       typed config and presets
-  Sample, Completion, Group, Batch, ...      records crossing seams (traingym.types)
+  Sample, Completion, Group, Batch, ...      records crossing seams (traingym.core.types)
   MultiTurnEnv, Reply, ToolTask              multi-turn and tool-use envs (pass as env=)
   evaluate(model, ...) -> EvalResult         eval a model/checkpoint/endpoint (eval_run.py)
   compare_evals(a, b, ...)                   paired B - A over the same prompts
@@ -17,25 +17,25 @@ __version__ = "0.1.0"
 _LAZY = {
     "train": ("traingym.api", "train"),
     "TrainResult": ("traingym.api", "TrainResult"),
-    "Config": ("traingym.config", "Config"),
-    "build_config": ("traingym.config_load", "build_config"),
-    "ConfigError": ("traingym.config", "ConfigError"),
-    "Sample": ("traingym.types", "Sample"),
-    "Completion": ("traingym.types", "Completion"),
-    "Group": ("traingym.types", "Group"),
-    "Batch": ("traingym.types", "Batch"),
-    "SamplingParams": ("traingym.types", "SamplingParams"),
-    "GenerationRequest": ("traingym.types", "GenerationRequest"),
+    "Config": ("traingym.config.schema", "Config"),
+    "build_config": ("traingym.config.load", "build_config"),
+    "ConfigError": ("traingym.config.schema", "ConfigError"),
+    "Sample": ("traingym.core.types", "Sample"),
+    "Completion": ("traingym.core.types", "Completion"),
+    "Group": ("traingym.core.types", "Group"),
+    "Batch": ("traingym.core.types", "Batch"),
+    "SamplingParams": ("traingym.core.types", "SamplingParams"),
+    "GenerationRequest": ("traingym.core.types", "GenerationRequest"),
     "RewardError": ("traingym.envs.single_turn", "RewardError"),
     "MultiTurnEnv": ("traingym.envs.multi_turn", "MultiTurnEnv"),
     "Reply": ("traingym.envs.multi_turn", "Reply"),
     "ToolTask": ("traingym.envs.tools", "ToolTask"),
     "DatasetError": ("traingym.envs.datasets", "DatasetError"),
-    "evaluate": ("traingym.evaluate", None),  # the module, callable (evaluate.py)
-    "EvalResult": ("traingym.eval_run", "EvalResult"),
-    "compare_evals": ("traingym.eval_run", "compare"),
-    "open_run": ("traingym.runs", "open_run"),
-    "export": ("traingym.hf_export", "export"),
+    "evaluate": ("traingym.envs.evaluate", None),  # the module, callable (evaluate.py)
+    "EvalResult": ("traingym.eval.run", "EvalResult"),
+    "compare_evals": ("traingym.eval.run", "compare"),
+    "open_run": ("traingym.runs.index", "open_run"),
+    "export": ("traingym.eval.export", "export"),
 }
 
 

@@ -7,13 +7,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from traingym.config import Config
-from traingym.config_load import build_config, validate
-from traingym.evaluate import Score
-from traingym.observability import trace, utilisation
-from traingym.loop import train_loop
-from traingym.preempt import Preemption
-from traingym.run import Run, build_run, eval_report
+from traingym.config.schema import Config
+from traingym.config.load import build_config, validate
+from traingym.envs.evaluate import Score
+from traingym.core import trace
+from traingym.observability import utilisation
+from traingym.loop.sync import train_loop
+from traingym.runs.preempt import Preemption
+from traingym.loop.build import Run, build_run, eval_report
 
 
 @dataclass
@@ -79,7 +80,7 @@ def _train_run(cfg: Config, run_dir: Path, run: Run, start: int) -> TrainResult:
 
             sft_phase(run)
         if cfg.mode == "async":
-            from traingym.async_loop import async_train_loop
+            from traingym.loop.async_loop import async_train_loop
 
             metrics = async_train_loop(run, start)
         else:

@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from traingym import eval_cli, plan
+from traingym.eval import cli as eval_cli
+
+from traingym.plan import cli as plan
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     from traingym.dashboard import add_parser as add_dashboard
 
     add_dashboard(sub)
-    from traingym.report import add_parser as add_report
+    from traingym.dashboard.report import add_parser as add_report
 
     add_report(sub)
     eval_cli.add_parsers(sub)
@@ -72,10 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, FileNotFoundError) as e:  # ConfigError is a ValueError
             print(f"traingym: {' '.join(str(e).splitlines())}", file=sys.stderr)
             return 2
-    from traingym.config import ConfigError
+    from traingym.core.errors import ConfigError
     from traingym.envs.datasets import DatasetError
     from traingym.envs.single_turn import RewardError
-    from traingym.preempt import EXIT_CODE, RunPreempted, resume_command
+    from traingym.runs.preempt import EXIT_CODE, RunPreempted, resume_command
 
     try:
         return _command(args)
@@ -95,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from traingym.config import ConfigError
-    from traingym.config_load import build_config
+    from traingym.core.errors import ConfigError
+    from traingym.config.load import build_config
 
     if args.command == "plan":
         return plan.run(args)
@@ -105,7 +107,7 @@ def _command(args: argparse.Namespace) -> int:
 
         return serve(args)
     if args.command == "report":
-        from traingym.report import main as report
+        from traingym.dashboard.report import main as report
 
         return report(args)
     if args.command in ("eval", "runs", "export"):

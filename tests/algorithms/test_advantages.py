@@ -9,7 +9,7 @@ import torch
 from traingym.algorithms import registry
 from traingym.algorithms.advantages import build_batch as old_build_batch
 from traingym.algorithms.base import Algorithm, Knobs
-from traingym.types import Group, Sample
+from traingym.core.types import Group, Sample
 
 
 def _group(rewards, index=0, lengths=None, finish=None):
@@ -31,7 +31,7 @@ def test_every_name_resolves_to_an_algorithm():
     with pytest.raises(ValueError, match="did you mean 'gspo'"):
         registry.get("gpso")
     with pytest.raises(ValueError, match="not a subclass"):
-        registry.get("traingym.types:Batch")
+        registry.get("traingym.core.types:Batch")
 
 
 @pytest.mark.parametrize("normalize_std", [False, True])

@@ -4,7 +4,7 @@ combinations the trainer cannot run refused before any work, old keys naming the
 import pytest
 
 import traingym
-from traingym.config import ConfigError
+from traingym.core.errors import ConfigError
 
 
 def _cfg(**over):

@@ -5,8 +5,8 @@ is cut to prompts_per_step kept groups; the loops' per-round figures merge."""
 import dataclasses
 
 from traingym.algorithms import registry
-from traingym.step import fill_batch, merge_info
-from traingym.types import Group, Sample
+from traingym.loop.step import fill_batch, merge_info
+from traingym.core.types import Group, Sample
 
 
 def _group(rewards, index):

@@ -10,7 +10,7 @@ import torch
 
 from traingym.algorithms import registry
 from traingym.algorithms.losses import grpo_token_loss, kl_estimate
-from traingym.types import Batch, Group, Sample
+from traingym.core.types import Batch, Group, Sample
 
 
 def _algo(name, **knobs):

@@ -15,13 +15,14 @@ from safetensors.torch import load_file
 import traingym
 from traingym.algorithms import registry
 from traingym.algorithms.ppo import PPO, clipped_value_loss, explained_variance, gae
-from traingym.config import ConfigError, TrainerConfig
+from traingym.core.errors import ConfigError
+from traingym.trainer.config import TrainerConfig
 from traingym.models.loader import tiny_model, tiny_tokenizer
 from traingym.observability.events import read_events
 from traingym.observability.schema import check_step
 from traingym.trainer.torch_trainer import TorchTrainer
 from traingym.trainer.value_head import value_targets
-from traingym.types import Batch, Group, Sample
+from traingym.core.types import Batch, Group, Sample
 
 
 def _t(*rows):
@@ -239,7 +240,7 @@ def test_resume_restores_the_value_head_exactly(tmp_path):
 
 
 def test_a_checkpoint_loads_only_with_the_modules_it_holds(tmp_path, model):
-    from traingym import checkpoint
+    from traingym.runs import checkpoint
 
     t = _trainer(model)
     t.train_step(_batch())

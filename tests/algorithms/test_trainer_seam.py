@@ -11,11 +11,11 @@ import torch
 
 from traingym.algorithms import registry
 from traingym.algorithms.losses import grpo_token_loss
-from traingym.config import TrainerConfig
+from traingym.trainer.config import TrainerConfig
 from traingym.models.loader import tiny_model, tiny_tokenizer
 from traingym.trainer.logprobs import completion_logprobs
 from traingym.trainer.torch_trainer import TorchTrainer
-from traingym.types import Batch, Group, Sample
+from traingym.core.types import Batch, Group, Sample
 
 PROMPTS = [(5, 6, 7, 8), (9, 10, 11)]
 COMPS = [[[20, 21, 22], [23, 24], [25, 26, 27], [28]], [[30, 31], [32, 33, 34, 35]]]

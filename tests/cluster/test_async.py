@@ -12,11 +12,11 @@ import pytest
 
 import traingym
 from traingym.cluster.local import EngineDied, EngineError, EngineStalled
-from traingym.config import ConfigError
-from traingym.async_loop import async_train_loop
+from traingym.core.errors import ConfigError
+from traingym.loop.async_loop import async_train_loop
 from traingym.observability.events import read_events
-from traingym.run import build_run
-from traingym.types import ENV_VERSION
+from traingym.loop.build import build_run
+from traingym.core.types import ENV_VERSION
 
 # pytest (prepend import mode) puts tests/cluster on sys.path; spawned engines inherit it
 from async_envs import AskAgain, KillOnce, SlowFirst, raising_reward  # noqa: E402

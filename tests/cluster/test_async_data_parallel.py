@@ -19,9 +19,9 @@ from dp_batches import RTOL, WEIGHTS_RTOL, close, rel  # tests/ is on sys.path (
 import traingym
 from traingym.algorithms import registry as algorithms
 from traingym.algorithms.importance import ImportanceSpec
-from traingym.async_loop import async_train_loop
+from traingym.loop.async_loop import async_train_loop
 from traingym.observability.events import read_events
-from traingym.run import build_run
+from traingym.loop.build import build_run
 from traingym.trainer import distributed
 from traingym.trainer.distributed import DistributedTrainer
 from traingym.trainer.torch_trainer import TorchTrainer

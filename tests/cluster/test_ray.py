@@ -43,7 +43,7 @@ import traingym
 from traingym.algorithms import registry as algorithms
 from traingym.algorithms.importance import ImportanceSpec
 from traingym.cluster.local import EngineError
-from traingym.config import ConfigError
+from traingym.core.errors import ConfigError
 from traingym.observability.events import read_events
 
 RAY = shutil.which("ray", path=str(Path(sys.executable).parent))
@@ -81,7 +81,7 @@ def test_cluster_config_is_checked_before_work():
 
 
 def test_local_mode_does_not_import_ray():
-    code = ("import sys, traingym, traingym.async_loop, traingym.cluster.local, traingym.cli; "
+    code = ("import sys, traingym, traingym.loop.async_loop, traingym.cluster.local, traingym.cli; "
             "traingym.build_config('tiny', overrides={'mode': 'async', "
             "'weights': {'transport': 'tcp'}}); "
             "assert 'ray' not in sys.modules, 'ray was imported'")

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 from prereq import missing, require
 
-from traingym import runlock
+from traingym.runs import lock as runlock
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("TRAINGYM_CHROMIUM", "/usr/bin/chromium")

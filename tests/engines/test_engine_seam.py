@@ -11,12 +11,12 @@ import os
 import pytest
 
 import traingym
-from traingym.config import ConfigError
+from traingym.core.errors import ConfigError
 from traingym.observability.events import read_events
 from traingym.rollout import registry
 
-from traingym.loop import train_loop
-from traingym.run import build_run
+from traingym.loop.sync import train_loop
+from traingym.loop.build import build_run
 from traingym.weights.colocated import wire_state
 from traingym.weights.hashing import state_hash
 

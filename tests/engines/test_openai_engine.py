@@ -27,7 +27,7 @@ import pytest
 import torch
 from prereq import missing, require
 
-from traingym.types import GenerationRequest, SamplingParams
+from traingym.core.types import GenerationRequest, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
@@ -384,8 +384,8 @@ def test_max_concurrency_bounds_requests_in_flight(server, setup):
 
 
 def test_read_only_registry_health_and_training_refused(server, setup):
-    from traingym.config import ConfigError
-    from traingym.config_load import build_config
+    from traingym.core.errors import ConfigError
+    from traingym.config.load import build_config
     from traingym.rollout import registry
     from traingym.rollout.openai_engine import OpenAIEngine, ReadOnlyEngine
 
@@ -416,14 +416,14 @@ def test_read_only_registry_health_and_training_refused(server, setup):
 
 def test_traingym_evaluate_runs_on_the_endpoint(server, setup):
     import traingym
-    from traingym.config_load import build_config
+    from traingym.config.load import build_config
     from traingym.envs.tasks import exact_answer
 
     _, _, rows, _ = setup
     cfg = build_config(overrides={"rollout": {"max_new_tokens": 6},
                                   "eval": {"samples_per_prompt": 2},
                                   "model": {"engine_dtype": "float32"}})  # as the server's
-    res = {name: traingym.evaluate("embedded", config=cfg, dataset=rows[:6], engine=name,
+    res = {name: traingym.envs.evaluate("embedded", config=cfg, dataset=rows[:6], engine=name,
                                    engine_options=opts, reward=exact_answer, pass_k=(1, 2))
            for name, opts in (("openai", {"base_url": server.url}), ("torch", {}))}
     ep, builtin = res["openai"], res["torch"]

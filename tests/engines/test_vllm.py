@@ -27,7 +27,7 @@ import traingym
 from traingym.envs.render import PromptRenderer
 from traingym.models.loader import load_policy
 from traingym.rollout.base import EngineUnavailable
-from traingym.types import GenerationRequest, SamplingParams
+from traingym.core.types import GenerationRequest, SamplingParams
 from traingym.weights.colocated import ColocatedSync, wire_state
 from traingym.weights.hashing import state_hash
 

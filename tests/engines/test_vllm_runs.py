@@ -22,10 +22,10 @@ import pytest
 import torch
 
 import traingym
-from traingym.loop import train_loop
+from traingym.loop.sync import train_loop
 from traingym.models.loader import load_policy, tiny_tokenizer
 from traingym.observability.events import read_events
-from traingym.run import build_run
+from traingym.loop.build import build_run
 from traingym.weights.colocated import wire_state
 from traingym.weights.hashing import state_hash
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from traingym.rollout.base import EngineAbilities
-from traingym.types import Completion, GenerationRequest
+from traingym.core.types import Completion, GenerationRequest
 
 # pre-filled with "```python\ndef add(": a right and a wrong body
 ANSWERS = ["a, b):\n    return a + b\n```", "a, b):\n    return a - b\n```"]

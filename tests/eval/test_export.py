@@ -50,9 +50,9 @@ def _prompt_ids(tok) -> list[int]:
 def test_transformers_loads_it_and_logits_match(tiny_run, exported):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from traingym.config_load import build_config
+    from traingym.config.load import build_config
     from traingym.rollout.registry import build_engine
-    from traingym.types import GenerationRequest, SamplingParams
+    from traingym.core.types import GenerationRequest, SamplingParams
 
     names = {p.name for p in exported.iterdir()}
     assert {"config.json", "model.safetensors", "generation_config.json",
@@ -72,7 +72,7 @@ def test_transformers_loads_it_and_logits_match(tiny_run, exported):
     engine = build_engine(build_config("tiny"), model, tok)
     assert engine.fused is not None  # the engine's own decode path, not HF's forward
     # prefill logits of the engine at the last prompt position
-    from traingym.padding import left_pad
+    from traingym.core.padding import left_pad
 
     ids_P_T, mask_P_T = left_pad([ids], tok.pad_token_id, torch.device("cpu"))
     pos = (mask_P_T.cumsum(-1) - 1).clamp(min=0)
@@ -147,8 +147,8 @@ def _head_dim_32_run(tmp: Path) -> Path:
 def test_vllm_loads_the_export(tmp_path):
     if not VLLM_PY.exists():
         missing(f"{VLLM_PY} is absent (bash scripts/setup_vllm.sh builds it)")
-    from traingym.eval_specs import ModelSpec, build_engine_for, run_config
-    from traingym.types import GenerationRequest, SamplingParams
+    from traingym.eval.specs import ModelSpec, build_engine_for, run_config
+    from traingym.core.types import GenerationRequest, SamplingParams
 
     run = _head_dim_32_run(tmp_path)
     assert main(["export", str(run), str(tmp_path / "hf")]) == 0

@@ -28,7 +28,7 @@ def test_lora_run_compare_and_export(tmp_path):
 
     from transformers import AutoModelForCausalLM
 
-    from traingym.eval_specs import build_engine_for, resolve_spec, run_config
+    from traingym.eval.specs import build_engine_for, resolve_spec, run_config
 
     assert main(["export", str(run), str(tmp_path / "hf")]) == 0
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from traingym.evaluate import pass_at_k, pass_at_k_score
+from traingym.envs.evaluate import pass_at_k, pass_at_k_score
 
 
 def closed_form(n: int, c: int, k: int) -> Fraction:

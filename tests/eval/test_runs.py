@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import traingym
-from traingym import runlock
+from traingym.runs import lock as runlock
 from traingym.cli import main
 from traingym.envs.tasks import digit_fraction
 
@@ -79,7 +79,7 @@ def test_preempted_and_failed_runs(tmp_path, capsys):
     rows = builtin_task("arith", num_heldout=16)
     # tiny: 4 prompts x 4 samples = 16 reward calls a step; call 17 is in step 2
     stop = _stopping_reward(17, lambda: os.kill(os.getpid(), signal.SIGTERM))
-    from traingym.preempt import RunPreempted
+    from traingym.runs.preempt import RunPreempted
 
     with pytest.raises(RunPreempted):
         traingym.train(_tiny(), dataset=rows.train, eval_dataset=rows.heldout, reward=stop,
@@ -126,7 +126,7 @@ def test_runs_table_and_errors(tiny_run, tmp_path, capsys):
 
 def test_a_run_written_before_keys_moved_still_reads(copy_run):
     # config.MOVED_KEYS: e.g. trainer.clip_low moved to algorithm.clip_low
-    from traingym.config_load import MOVED_KEYS
+    from traingym.config.load import MOVED_KEYS
 
     path = copy_run()
     data = json.loads((path / "config.json").read_text())

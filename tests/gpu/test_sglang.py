@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from traingym.types import GenerationRequest, SamplingParams
+from traingym.core.types import GenerationRequest, SamplingParams
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ def sglang_python() -> str:
 
 @pytest.fixture(scope="module")
 def setup():
-    from traingym.config_load import build_config
+    from traingym.config.load import build_config
     from traingym.envs.render import PromptRenderer
     from traingym.envs.tasks import builtin_task
     from traingym.models.loader import load_policy

@@ -143,7 +143,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, fragment, case_dir, capsys, monk
     def no_model(*a, **k):
         raise AssertionError("a bad input reached model loading")
 
-    monkeypatch.setattr("traingym.run.load_policy", no_model)
+    monkeypatch.setattr("traingym.loop.build.load_policy", no_model)
     rc = cli.main([a.replace("{d}", str(case_dir)) for a in argv])
     out, err = capsys.readouterr()
     _check(rc, err, fragment)

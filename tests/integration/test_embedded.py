@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import traingym
 from traingym.models.embedded import embedded_model_dir
 from traingym.rollout.torch_engine import TorchEngine
-from traingym.types import GenerationRequest, SamplingParams
+from traingym.core.types import GenerationRequest, SamplingParams
 
 pytestmark = pytest.mark.slow
 

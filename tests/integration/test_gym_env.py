@@ -47,7 +47,7 @@ def test_gym_text_env_trains_and_evaluates(tmp_path):
         if s["reward"] == 0.0 and s["turns"] > 1:  # a wrong turn got the env's answer
             assert any(h in s["completion"] for h in ("Higher.", "Lower.", "Answer with one"))
     assert "after" in result.eval
-    res = traingym.evaluate(run)
+    res = traingym.envs.evaluate(run)
     assert res.summary["num_prompts"] == 4
     assert {r["example"]["seed"] for r in res.records} == {12, 13, 14, 15}
 
@@ -58,7 +58,7 @@ def test_adapter_follows_the_env(tmp_path):
     from traingym.envs.gym_text import GymMaker
     from traingym.envs.render import PromptRenderer
     from traingym.models.loader import tiny_tokenizer
-    from traingym.types import Completion
+    from traingym.core.types import Completion
 
     gym = require("gymnasium", "gymnasium")
     tok = tiny_tokenizer()

@@ -152,7 +152,7 @@ def test_trains_with_an_openai_endpoint_judge(tmp_path, fake):
         assert rec["batch"] == 16  # one engine call for the step's 4 groups x 4 samples
     assert {s["reward"] for s in samples} <= {0.0, 1.0}
     assert "after" in result.eval
-    res = traingym.evaluate(run)  # `traingym eval` of the run: judged the same way
+    res = traingym.envs.evaluate(run)  # `traingym eval` of the run: judged the same way
     assert res.summary["num_prompts"] == 4
     for r in res.records:
         (rec,) = [i["judge"] for i in r["env_info"]]
@@ -224,7 +224,7 @@ def _episodes(cfg: JudgeConfig, completions: list[str]):
     from traingym.envs.render import PromptRenderer
     from traingym.envs.resources import RunResources
     from traingym.models.loader import tiny_tokenizer
-    from traingym.types import Completion
+    from traingym.core.types import Completion
 
     tok = tiny_tokenizer()
     renderer = PromptRenderer(tok, "The answer is")
@@ -372,7 +372,7 @@ def test_the_judge_prompt_is_filled_from_the_row():
 
 
 def test_a_toml_config_names_the_judge(tmp_path):
-    from traingym.config_load import build_config
+    from traingym.config.load import build_config
 
     path = tmp_path / "run.toml"
     path.write_text('[task.judge]\nmodel = "tiny"\nengine = "openai"\n'

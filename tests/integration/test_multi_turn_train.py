@@ -10,7 +10,7 @@ import json
 import pytest
 
 import traingym
-from traingym.config import ConfigError
+from traingym.core.errors import ConfigError
 from traingym.envs.multi_turn import MultiTurnEnv, Reply
 from traingym.envs.tools import ToolTask
 

@@ -88,7 +88,7 @@ def test_openenv_echo_trains_and_evaluates(echo_url, tmp_path):
         assert 0.0 <= s["reward"] <= 2.0
     assert any(s["reward"] > 0 for s in samples)
     assert "after" in result.eval
-    res = traingym.evaluate(run)
+    res = traingym.envs.evaluate(run)
     assert res.summary["num_prompts"] == 4
     assert {r["example"]["seed"] for r in res.records} == {8, 9, 10, 11}
 
@@ -112,7 +112,7 @@ def test_adapter_starts_maps_and_stops_a_server(echo_env):
     from traingym.envs.render import PromptRenderer
     from traingym.envs.resources import RunResources
     from traingym.models.loader import tiny_tokenizer
-    from traingym.types import Completion
+    from traingym.core.types import Completion
 
     (echo_env / "echo_one.py").write_text(ONE_SESSION)
     tok = tiny_tokenizer()
@@ -168,7 +168,7 @@ def test_server_dying_mid_episode_names_env_and_row(echo_env):
     from traingym.envs.render import PromptRenderer
     from traingym.envs.resources import RunResources
     from traingym.models.loader import tiny_tokenizer
-    from traingym.types import Completion
+    from traingym.core.types import Completion
 
     (echo_env / "dying_env.py").write_text(DYING)
     tok = tiny_tokenizer()

@@ -17,9 +17,10 @@ import torch
 from safetensors.torch import load_file
 
 import traingym
-from traingym import checkpoint, cli
+from traingym import cli
+from traingym.runs import checkpoint
 from traingym.observability.events import read_events
-from traingym.preempt import EXIT_CODE
+from traingym.runs.preempt import EXIT_CODE
 
 QUIET = ["--set", "threads=1", "--set", "eval.before=false", "--set", "eval.after=false"]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}

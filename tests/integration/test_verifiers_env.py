@@ -48,7 +48,7 @@ def test_single_turn_env_trains_and_evaluates(tmp_path):
         expect = sum(c.isdigit() for c in text) / len(text) if text else 0.0
         assert parts["digits"] == pytest.approx(expect)
     assert "after" in result.eval
-    res = traingym.evaluate(run)
+    res = traingym.envs.evaluate(run)
     # the env's eval_dataset (its last 4 rows), not training rows
     assert sorted(r["example"]["answer"] for r in res.records if r["mode"] == "greedy") == \
         sorted(["7", "8", "9", "10"])
@@ -77,7 +77,7 @@ def _play(kind: str, turns: list[str], row: int = 0, env=None):
     from traingym.envs.render import PromptRenderer
     from traingym.envs.verifiers_env import VerifiersMaker, env_rows
     from traingym.models.loader import tiny_tokenizer
-    from traingym.types import Completion
+    from traingym.core.types import Completion
 
     tok = tiny_tokenizer()
     maker = VerifiersMaker(env=env) if env is not None else \
@@ -197,7 +197,7 @@ def test_an_episode_cut_early_cancels_verifiers_task():
     from traingym.envs.render import PromptRenderer
     from traingym.envs.verifiers_env import VerifiersMaker, env_rows
     from traingym.models.loader import tiny_tokenizer
-    from traingym.types import Completion
+    from traingym.core.types import Completion
 
     tok = tiny_tokenizer()
     maker = VerifiersMaker("vf-tiny", {"kind": "multi"})

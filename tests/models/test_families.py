@@ -24,12 +24,12 @@ from traingym.envs.render import PromptRenderer
 from traingym.models.families import END_OF_TURN, FAMILIES, chat_template, stop_token_ids
 from traingym.models.loader import tiny_tokenizer
 from traingym.observability.events import read_events
-from traingym.padding import left_pad
+from traingym.core.padding import left_pad
 from traingym.rollout import fused_decoder
 from traingym.rollout.fused_decoder import FusedDecoder, unsupported
 from traingym.rollout.torch_engine import TorchEngine
 from traingym.trainer.logprobs import completion_logprobs
-from traingym.types import GenerationRequest, SamplingParams
+from traingym.core.types import GenerationRequest, SamplingParams
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
                "low_freq_factor": 1.0, "high_freq_factor": 4.0,

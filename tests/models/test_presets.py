@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from traingym.config import ConfigError
-from traingym.config_load import build_config
+from traingym.core.errors import ConfigError
+from traingym.config.load import build_config
 from traingym.models import presets
 from traingym.models.presets import PRESETS
 from traingym.rollout import registry

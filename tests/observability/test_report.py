@@ -11,7 +11,7 @@ from prereq import require
 import traingym
 from traingym import cli
 from traingym.envs.tasks import digit_fraction
-from traingym.report import CHARTS
+from traingym.dashboard.report import CHARTS
 
 XSS = "<script>alert('x')</script>"
 ROWS = [{"prompt": f"What is {a} + 1? {XSS}", "answer": a + 1} for a in range(12)]

@@ -12,7 +12,7 @@ import traingym
 from traingym.envs.multi_turn import MultiTurnEnv, Reply
 from traingym.observability import schema
 from traingym.observability.events import read_events, read_samples, tool_calls
-from traingym.types import Observation, StepResult
+from traingym.core.types import Observation, StepResult
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "events.md"
 

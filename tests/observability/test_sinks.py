@@ -15,7 +15,7 @@ import pytest
 from prereq import missing, require
 
 import traingym
-from traingym.config import ConfigError
+from traingym.core.errors import ConfigError
 from traingym.observability import sinks
 from traingym.observability.events import read_events
 

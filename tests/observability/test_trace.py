@@ -14,7 +14,7 @@ from collections import defaultdict
 import pytest
 
 import traingym
-from traingym.observability import trace
+from traingym.core import trace
 from traingym.observability.events import read_events
 from traingym.observability.utilisation import sum_s, union_s
 

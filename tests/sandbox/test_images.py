@@ -38,7 +38,7 @@ from traingym.sandbox.images import (
     interpreter,
 )
 from traingym.sandbox.pool import SandboxPool
-from traingym.types import Completion
+from traingym.core.types import Completion
 
 REPO = Path(__file__).resolve().parents[2]
 NUMPY = ImageSpec(requirements=("numpy",))

@@ -123,7 +123,7 @@ def test_snapshot_counts_live_and_busy_sandbox_seconds(tmp_path):
     for ~0.3 s of it, is ~50% utilised; closing the pool leaves none live."""
     from prereq import require_sandbox
 
-    from traingym.observability import trace
+    from traingym.core import trace
 
     require_sandbox("process", SMALL)
 

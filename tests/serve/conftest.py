@@ -74,7 +74,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
     import torch
 
-    from traingym import checkpoint
+    from traingym.runs import checkpoint
     from traingym.models.loader import load_policy
 
     run_dir = tmp_path_factory.mktemp("serve") / "tinyrun"

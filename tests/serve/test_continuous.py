@@ -21,7 +21,7 @@ from traingym.models.families import stop_token_ids
 from traingym.models.loader import load_policy
 from traingym.models.token_strings import piece_ids
 from traingym.rollout.torch_engine import TorchEngine
-from traingym.types import GenerationRequest, SamplingParams
+from traingym.core.types import GenerationRequest, SamplingParams
 
 LONG = 600  # tokens: the tiny checkpoint does not stop by itself on these prompts (checked)
 

@@ -10,7 +10,7 @@ import torch
 from traingym.models.loader import tiny_model, tiny_tokenizer
 from traingym.rollout.torch_engine import TorchEngine
 from traingym.serve.text import finish, tool_calls
-from traingym.types import GenerationRequest, SamplingParams
+from traingym.core.types import GenerationRequest, SamplingParams
 
 
 @pytest.fixture(scope="module")

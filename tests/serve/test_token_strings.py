@@ -10,7 +10,7 @@ import pytest
 from traingym.models.loader import tiny_tokenizer
 from traingym.models.token_strings import parse_bytes, piece_ids, token_str, token_utf8
 from traingym.rollout.openai_engine import OpenAIEngine
-from traingym.types import GenerationRequest, SamplingParams
+from traingym.core.types import GenerationRequest, SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ def test_a_better_teacher_lifts_an_untrained_student(tmp_path):
 
 def test_distillation_keeps_equal_reward_groups():
     from traingym.algorithms import registry
-    from traingym.types import Group, Sample
+    from traingym.core.types import Group, Sample
 
     cfg = traingym.build_config("tiny", overrides={"distill": {"teacher": "tiny"}})
     same = Group([Sample((1, 2), [3], [-1.0], [0], {}, reward=0.5) for _ in range(4)], 0)

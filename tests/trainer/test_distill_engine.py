@@ -13,7 +13,7 @@ import torch
 
 import traingym
 from traingym.algorithms.distill import load_teacher
-from traingym.config import ConfigError
+from traingym.core.errors import ConfigError
 from traingym.observability.events import read_events
 
 NO_EVAL = {"before": False, "after": False}
@@ -52,7 +52,7 @@ def test_an_engine_teacher_trains_as_the_local_teacher(teacher_run, tmp_path):
     from traingym.envs.tasks import builtin_task
     from traingym.models.loader import load_policy
     from traingym.rollout.torch_engine import TorchEngine
-    from traingym.types import GenerationRequest, SamplingParams
+    from traingym.core.types import GenerationRequest, SamplingParams
 
     _student(teacher_run, tmp_path / "local")
     _student(teacher_run, tmp_path / "engine", teacher_engine="torch")

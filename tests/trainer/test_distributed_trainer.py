@@ -33,8 +33,8 @@ from dp_batches import batch as make_batch
 from safetensors.torch import load_file
 
 import traingym
-from traingym import checkpoint
-from traingym.config import ConfigError
+from traingym.runs import checkpoint
+from traingym.core.errors import ConfigError
 from traingym.models.loader import load_policy
 from traingym.observability.events import read_events
 from traingym.trainer.build import build_trainer

@@ -4,7 +4,7 @@ the fix."""
 import pytest
 
 import traingym
-from traingym.config import ConfigError
+from traingym.core.errors import ConfigError
 
 
 @pytest.mark.parametrize("overrides, words", [

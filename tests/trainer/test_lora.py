@@ -13,7 +13,7 @@ import traingym  # noqa: E402
 from traingym.models.loader import tiny_model, tiny_tokenizer  # noqa: E402
 from traingym.observability.events import read_events  # noqa: E402
 from traingym.trainer.lora import adapter_state, apply_lora, merged_state  # noqa: E402
-from traingym.trainer.options import LoraConfig  # noqa: E402
+from traingym.trainer.config import LoraConfig  # noqa: E402
 
 
 def _cfg(steps, **lora):

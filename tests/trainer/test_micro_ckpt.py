@@ -5,11 +5,11 @@ import random
 
 import torch
 
-from traingym.config import TrainerConfig
+from traingym.trainer.config import TrainerConfig
 from traingym.models.loader import tiny_model, tiny_tokenizer
 from traingym.trainer.micro import micro_batches, pass_tokens
 from traingym.trainer.torch_trainer import TorchTrainer
-from traingym.types import Batch, Group, Sample
+from traingym.core.types import Batch, Group, Sample
 
 
 def _batch(seed=0, groups=5, G=4):

@@ -5,7 +5,7 @@ import torch
 
 from traingym.algorithms.advantages import build_batch, group_advantages
 from traingym.algorithms.losses import grpo_token_loss
-from traingym.types import Group, Sample
+from traingym.core.types import Group, Sample
 
 
 def _group(rewards, index=0):

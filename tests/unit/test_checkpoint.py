@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from traingym import checkpoint
+from traingym.runs import checkpoint
 
 
 def _model_opt(seed):

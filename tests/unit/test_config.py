@@ -1,7 +1,7 @@
 import pytest
 
-from traingym.config import ConfigError
-from traingym.config_load import build_config, parse_overrides
+from traingym.core.errors import ConfigError
+from traingym.config.load import build_config, parse_overrides
 
 
 def test_defaults_validate():

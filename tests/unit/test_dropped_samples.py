@@ -7,8 +7,8 @@ import math
 import pytest
 
 from traingym.envs.group import score_group
-from traingym.evaluate import Score, group_means, paired_difference, pass_at_k_score
-from traingym.types import Group, Sample
+from traingym.envs.evaluate import Score, group_means, paired_difference, pass_at_k_score
+from traingym.core.types import Group, Sample
 
 
 def _sample(reward: float, drop: str | None = None) -> Sample:

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from traingym.models.loader import tiny_model, tiny_tokenizer
-from traingym.padding import left_pad
+from traingym.core.padding import left_pad
 from traingym.rollout import fused_decoder
 from traingym.rollout.fused_decoder import FusedDecoder, packing_pays
 from traingym.rollout.torch_engine import TorchEngine, draw
-from traingym.types import GenerationRequest, SamplingParams
+from traingym.core.types import GenerationRequest, SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import torch
 import traingym
 from traingym.algorithms.importance import (ImportanceSpec, importance_sums, importance_weights,
                                             mismatch_sums, over_cap)
-from traingym.config import ConfigError
+from traingym.core.errors import ConfigError
 from traingym.algorithms.losses import grpo_token_loss
 
 # Two samples, three token slots; the second sample has a padded (masked) last slot.

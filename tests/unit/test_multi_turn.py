@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-from traingym.config import TrainerConfig
+from traingym.trainer.config import TrainerConfig
 from traingym.envs.group import score_group
 from traingym.envs.multi_turn import BoundFactory, MultiTurnEnv, Reply
 from traingym.envs.render import PromptRenderer
@@ -15,10 +15,10 @@ from traingym.envs.single_turn import RewardError, SingleTurnFactory
 from traingym.envs.tasks import exact_answer
 from traingym.envs.transcript import ContextError
 from traingym.models.loader import tiny_model, tiny_tokenizer
-from traingym.rollout.runner import EpisodeLimits, RolloutRunner
+from traingym.envs.runner import EpisodeLimits, RolloutRunner
 from traingym.trainer import torch_trainer
 from traingym.trainer.torch_trainer import TorchTrainer
-from traingym.types import Batch, Completion, Group, Observation, SamplingParams, StepResult
+from traingym.core.types import Batch, Completion, Group, Observation, SamplingParams, StepResult
 
 
 class IdsTokenizer:
@@ -124,7 +124,7 @@ def test_trainer_learns_from_policy_tokens_only_and_sees_env_ids_verbatim(monkey
     prompt = (5, 6, 7)
     comps = [[20, 21] + env_ids + [22], [23] + env_ids + [24, 25]]
     masks = [[1, 1, 0, 0, 0, 1], [1, 0, 0, 0, 1, 1]]
-    from traingym.types import Sample
+    from traingym.core.types import Sample
     samples = [Sample(prompt, c, [0.0] * len(c), [0] * len(c), {}, loss_mask=m, reward=r)
                for c, m, r in zip(comps, masks, (1.0, 0.0))]
     seen = []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from traingym import cli
-from traingym.cluster.simulate import SimConfig, simulate, size_cluster
+from traingym.plan.simulate import SimConfig, simulate, size_cluster
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks/results/weight_sync_compress.json"
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from traingym.procs import (NotHealthy, free_port, log_tail, stop_group, wait_healthy,
+from traingym.core.procs import (NotHealthy, free_port, log_tail, stop_group, wait_healthy,
                             wait_healthy_async)
 
 STUBBORN = """

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import traingym
-from traingym import run as run_mod
+from traingym.loop import build as run_mod
 
 
 def test_a_failure_after_build_trainer_closes_the_trainer_and_the_engine(tmp_path, monkeypatch):

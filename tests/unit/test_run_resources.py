@@ -12,8 +12,8 @@ from traingym.envs.code_env import GRADING_LIMITS, pool_for
 from traingym.envs.latency import DelayedReward
 from traingym.envs.resources import RunResources, current
 from traingym.envs.tasks import digit_fraction
-from traingym.rollout.runner import RolloutRunner
-from traingym.types import Completion, Observation, SamplingParams, StepResult
+from traingym.envs.runner import RolloutRunner
+from traingym.core.types import Completion, Observation, SamplingParams, StepResult
 
 
 class IdsTokenizer:

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from traingym import runlock
-from traingym.preempt import Preemption, resume_command
+from traingym.runs import lock as runlock
+from traingym.runs.preempt import Preemption, resume_command
 
 
 def _record(path, **fields):

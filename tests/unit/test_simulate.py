@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from traingym.cluster.simulate import (
+from traingym.plan.simulate import (
     SimConfig,
     allreduce_seconds,
     decode_seconds,

@@ -6,7 +6,7 @@ import torch
 
 from traingym.models.loader import tiny_model, tiny_tokenizer
 from traingym.rollout.torch_engine import TorchEngine
-from traingym.types import GenerationRequest, SamplingParams
+from traingym.core.types import GenerationRequest, SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from traingym.envs.render import PromptRenderer
 from traingym.envs.tools import BadCall, HermesParser, ToolCall, ToolTask, run_call, tool_schema
 from traingym.envs.transcript import Transcript
 from traingym.models.loader import tiny_tokenizer
-from traingym.types import Completion
+from traingym.core.types import Completion
 
 
 def multiply(a: int, b: int = 2) -> int:

@@ -11,11 +11,11 @@ import math
 import torch
 
 from traingym.algorithms.importance import ImportanceSpec
-from traingym.config import TrainerConfig
+from traingym.trainer.config import TrainerConfig
 from traingym.models.loader import tiny_model, tiny_tokenizer
 from traingym.trainer.logprobs import completion_logprobs
 from traingym.trainer.torch_trainer import TorchTrainer
-from traingym.types import Batch, Group, Sample
+from traingym.core.types import Batch, Group, Sample
 
 CFG = TrainerConfig(lr=1e-2, bf16_autocast=False, grad_clip=1e9)
 PROMPT = (5, 6, 7, 8)

@@ -303,7 +303,7 @@ def test_tiered_corrupt_params_raise_integrity_errors():
 
 def test_tiered_on_a_real_rl_stream():
     """A tiny Llama under AdamW (bf16 export): the tier is used and shrinks the update."""
-    from traingym.weights.realistic import rl_states, tiny_llama
+    from realistic_weights import rl_states, tiny_llama
 
     states = list(rl_states(tiny_llama(hidden=64, layers=2), steps=2, lr=1e-5, batch=2, seq=16))
     old, new = states[1], states[2]

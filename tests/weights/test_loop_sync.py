@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import traingym
-from traingym.config import ConfigError
-from traingym.loop import train_loop
+from traingym.core.errors import ConfigError
+from traingym.loop.sync import train_loop
 from traingym.observability.events import read_events
-from traingym.run import build_run
+from traingym.loop.build import build_run
 from traingym.weights import registry
 from traingym.weights.base import Payload
 from traingym.weights.colocated import wire_state
@@ -226,7 +226,7 @@ def test_an_engine_holding_the_trainers_tensors_gets_its_own_copy(tmp_path):
     not written in place: each delta would land in the masters and read the optimizer's
     values as the old ones. The subscriber keeps a verified copy instead, and the trainer's
     tensors change only by the trainer's hand."""
-    from traingym.config import WeightsConfig
+    from traingym.weights.config import WeightsConfig
     from traingym.weights.colocated import ColocatedSync
 
     torch.manual_seed(0)

@@ -17,7 +17,7 @@ from traingym.weights.codecs import DeltaCodec, apply_changes
 from traingym.weights.frame import from_buffer, seal, to_bytes
 from traingym.weights.hashing import bits, state_hash
 from traingym.weights.inproc import InprocConfig, InprocReceiver, InprocSender
-from traingym.weights.realistic import rl_states, tiny_llama
+from realistic_weights import rl_states, tiny_llama
 from traingym.weights.sync import Publisher, PublisherConfig, Subscriber
 
 torch.set_num_threads(1)

@@ -258,7 +258,7 @@ def test_tiered_join_refuses_positions_outside_the_base(lib):
 
 
 def _states(seed=0):
-    from traingym.weights.realistic import rl_states, tiny_llama
+    from realistic_weights import rl_states, tiny_llama
 
     return list(rl_states(tiny_llama(seed=seed), 2, lr=1e-3))
 

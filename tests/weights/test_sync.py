@@ -10,9 +10,9 @@ import torch
 
 from traingym.weights.base import Payload
 from traingym.weights.frame import seal
-from traingym.weights.config import WeightSyncConfig, make_publisher, make_subscriber
+from weight_sync_builders import WeightSyncConfig, make_publisher, make_subscriber
 from traingym.weights.inproc import InprocConfig, InprocReceiver, InprocSender
-from traingym.weights.realistic import rl_states, tiny_llama
+from realistic_weights import rl_states, tiny_llama
 from traingym.weights.sync import (NotServable, Publisher, PublisherConfig, Subscriber,
                                    SubscriberConfig)
 

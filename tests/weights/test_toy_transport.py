@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import traingym
-from traingym.config import ConfigError
+from traingym.core.errors import ConfigError
 from traingym.observability.events import read_events
 from traingym.weights import registry
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from traingym.types import Batch, Group
+from traingym.core.types import Batch, Group
 
 
 def group_advantages(rewards_G: torch.Tensor, normalize_std: bool, eps: float = 1e-6) -> torch.Tensor:

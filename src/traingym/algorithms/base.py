@@ -43,7 +43,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from traingym.algorithms.losses import kl_estimate
-from traingym.types import Batch, Group
+from traingym.core.types import Batch, Group
 
 BASE_DEFAULTS = {"normalize_std": False, "clip_low": 0.2, "clip_high": 0.28,
                  "dynamic_sampling": False, "overlong_filter": False, "overlong_buffer": 0}

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from traingym.observability import trace
+from traingym.core import trace
 from traingym.trainer.micro import micro_batches
 from traingym.trainer.torch_trainer import TorchTrainer, batch_tokens, check_finite
 
@@ -53,7 +53,7 @@ def load_teacher(spec: str, student_path: str, seed: int = 0):
     """The teacher model (eval, frozen, fp32) from `distill.teacher`."""
     from safetensors.torch import load_model
 
-    from traingym import checkpoint
+    from traingym.runs import checkpoint
     from traingym.models.loader import load_policy
 
     folder = Path(spec).expanduser()
@@ -83,10 +83,10 @@ def build_teacher_engine(cfg, student_vocab: int):
     """The teacher behind the engine seam (`distill.teacher_engine`): an engine that takes
     weights gets the teacher's (load_teacher); one that takes none (openai) gets the student's
     tokenizer, and `distill.teacher` as its base_url (trainer/options.py teacher_options)."""
-    from traingym.config import Config
-    from traingym.eval_specs import _tokenizer
+    from traingym.config.schema import Config
+    from traingym.eval.specs import _tokenizer
     from traingym.rollout import registry
-    from traingym.trainer.options import teacher_options
+    from traingym.trainer.config import teacher_options
 
     d = cfg.distill
     cls = registry.get(d.teacher_engine)

@@ -17,7 +17,7 @@ samples longer than max_new_tokens are not treated specially.
 from __future__ import annotations
 
 from traingym.algorithms.base import Algorithm
-from traingym.types import Batch
+from traingym.core.types import Batch
 
 
 class DrGRPO(Algorithm):

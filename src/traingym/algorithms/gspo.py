@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from traingym.algorithms.base import Algorithm
-from traingym.types import Batch
+from traingym.core.types import Batch
 
 
 class GSPO(Algorithm):

@@ -32,7 +32,7 @@ def names() -> list[str]:
 def get(name: str) -> type:
     """The algorithm class for a registry name or a 'module:Class' path."""
     from traingym.algorithms.base import Algorithm
-    from traingym.config import did_you_mean
+    from traingym.core.errors import did_you_mean
 
     target = ALGORITHMS.get(name, name)
     if ":" not in target:

@@ -51,7 +51,7 @@ from typing import Any, Callable
 import xxhash
 
 from traingym.models.families import stop_token_ids
-from traingym.observability import trace
+from traingym.core import trace
 
 
 @dataclass(frozen=True)
@@ -126,8 +126,8 @@ class EngineProcess:
         from traingym.models.loader import load_policy
         from traingym.rollout.base import UNSERVED
         from traingym.rollout.registry import build_engine
-        from traingym.rollout.runner import EpisodeLimits, RolloutRunner
-        from traingym.types import SamplingParams
+        from traingym.envs.runner import EpisodeLimits, RolloutRunner
+        from traingym.core.types import SamplingParams
         from traingym.weights.sync import Subscriber, SubscriberConfig
 
         torch.set_num_threads(1)
@@ -252,7 +252,7 @@ class EngineProcess:
     async def main(self) -> None:
         """Serve; then, on this loop, end the jobs still running and close what the envs kept
         (a warm sandbox pool), on an error too."""
-        from traingym.rollout.runner import CLOSE_TIMEOUT_S
+        from traingym.envs.runner import CLOSE_TIMEOUT_S
 
         self.jobs: set[asyncio.Task] = set()
         try:

@@ -40,9 +40,9 @@ from pathlib import Path
 import torch
 
 from traingym.cluster.engine_process import EngineSpec, Job, engine_main, tokenizer_fingerprint
-from traingym.config import ConfigError
-from traingym.observability import trace
-from traingym.precision import engine_dtype
+from traingym.core.errors import ConfigError
+from traingym.core import trace
+from traingym.core.precision import engine_dtype
 from traingym.rollout import registry as engines
 from traingym.weights import registry
 from traingym.weights.colocated import wire_views

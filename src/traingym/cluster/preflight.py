@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib.util
 import socket
 
-from traingym.config import ClusterConfig, ConfigError
+from traingym.cluster.config import ClusterConfig
+
+from traingym.core.errors import ConfigError
 
 
 def check_cluster(cluster: ClusterConfig, timeout_s: float = 5.0) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from traingym.dashboard import security
 from traingym.dashboard.index import SID_RE, EventsIndex, SamplesIndex
-from traingym.runs import RunView, committed, is_run_dir
+from traingym.runs.index import RunView, committed, is_run_dir
 
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 KEY_RE = re.compile(r"[A-Za-z0-9_.:/@-]{1,200}")
@@ -268,7 +268,7 @@ def trace_answer(run: Run, max_events: int) -> dict:
     """The run's spans (observability/trace.py's load_trace: trace.json or the live shards),
     its processes and threads, and the utilisation summary (results.json's, else each
     process's busy fraction from its spans)."""
-    from traingym.observability import trace as tr
+    from traingym.core import trace as tr
 
     folder, merged = run.path / tr.TRACE_DIR, run.path / tr.TRACE_FILE
     if folder.is_symlink() or merged.is_symlink() or \

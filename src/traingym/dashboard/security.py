@@ -29,7 +29,7 @@ import socket
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
-from traingym.asgi import send_json
+from traingym.core.asgi import send_json
 
 
 class StartError(ValueError):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from traingym.types import Completion, Observation, StepResult
+from traingym.core.types import Completion, Observation, StepResult
 
 
 class Env(Protocol):

@@ -15,7 +15,7 @@ import math
 from typing import Callable
 
 from traingym.envs.single_turn import RewardError
-from traingym.types import Sample
+from traingym.core.types import Sample
 
 GroupReward = Callable[[list[Sample]], list[float]]
 

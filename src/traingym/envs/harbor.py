@@ -69,7 +69,7 @@ from traingym.envs.render import PromptRenderer
 from traingym.sandbox import Limits
 from traingym.sandbox.base import MiB
 from traingym.sandbox.images import ImageSpec
-from traingym.types import Completion, Observation, StepResult
+from traingym.core.types import Completion, Observation, StepResult
 
 LINKS = (("/app", "/sandbox/app"), ("/tests", "/sandbox/tests"), ("/logs", "/sandbox/logs"))
 TRAINGYM_KEYS = ("requirements", "answer_file", "python")

@@ -154,8 +154,8 @@ class Judge:
         return score
 
     async def _generate(self, texts: list[str]) -> list[str]:
-        from traingym.rollout.runner import stream_seed
-        from traingym.types import GenerationRequest, SamplingParams
+        from traingym.envs.runner import stream_seed
+        from traingym.core.types import GenerationRequest, SamplingParams
 
         params = SamplingParams(temperature=self.cfg.temperature,
                                 max_new_tokens=self.cfg.max_tokens, stop_token_ids=self.stop_ids)
@@ -179,8 +179,8 @@ def build_judge(cfg: JudgeConfig) -> Judge:
     """The judge's engine through the engine registry, on the judge's model (a checkpoint
     folder's weights loaded over its run's base model) or, for an engine that takes no
     weights, with the tokenizer of `cfg.model` only."""
-    from traingym.config import Config
-    from traingym.eval_specs import _tokenizer, load_weights, resolve_spec, run_config
+    from traingym.config.schema import Config
+    from traingym.eval.specs import _tokenizer, load_weights, resolve_spec, run_config
     from traingym.models.loader import load_policy
     from traingym.rollout import registry
 
@@ -224,14 +224,14 @@ class JudgeEnv:
         self._done = False
 
     async def reset(self):
-        from traingym.types import Observation
+        from traingym.core.types import Observation
 
         self._obs = Observation(self.renderer.ids(self.example), self.renderer.text(self.example))
         return self._obs
 
     async def step(self, completion):
         from traingym.envs import resources
-        from traingym.types import StepResult
+        from traingym.core.types import StepResult
 
         if self._obs is None or self._done:
             raise RuntimeError("JudgeEnv is single-use: reset() once, then step() once")

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from traingym.envs.resources import current
 from traingym.envs.single_turn import SingleTurnEnv
-from traingym.types import Completion, Observation, StepResult
+from traingym.core.types import Completion, Observation, StepResult
 
 
 @dataclass

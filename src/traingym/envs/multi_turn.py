@@ -28,7 +28,7 @@ from typing import Any, Callable
 from traingym.envs.base import Env
 from traingym.envs.render import PromptRenderer
 from traingym.envs.transcript import Transcript
-from traingym.types import Completion, Observation, Sample, StepResult
+from traingym.core.types import Completion, Observation, Sample, StepResult
 
 EnvMaker = Callable[[dict[str, Any], PromptRenderer], Env]
 

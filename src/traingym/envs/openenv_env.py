@@ -49,7 +49,7 @@ from typing import Any
 from traingym.envs.multi_turn import MultiTurnEnv, Reply
 from traingym.envs.render import PromptRenderer
 from traingym.envs.resources import current
-from traingym.procs import NotHealthy, free_port, log_tail, stop_group, wait_healthy_async
+from traingym.core.procs import NotHealthy, free_port, log_tail, stop_group, wait_healthy_async
 
 MAX_MESSAGE = 16 << 20  # bytes of one server message
 
@@ -308,7 +308,7 @@ class OpenEnvMaker:
     @classmethod
     def from_config(cls, server: str, env_args: dict[str, Any]) -> OpenEnvMaker:
         """From task.env = 'openenv:<server>' and task.env_args (this class's other fields)."""
-        from traingym.config import ConfigError
+        from traingym.core.errors import ConfigError
 
         keys = [f for f in cls.__dataclass_fields__ if f != "server"]
         unknown = sorted(set(env_args) - set(keys))

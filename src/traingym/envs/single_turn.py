@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from traingym.envs.render import PromptRenderer
-from traingym.types import Completion, Observation, Sample, StepResult
+from traingym.core.types import Completion, Observation, Sample, StepResult
 
 RewardFn = Callable[[Sample], float]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from traingym.types import ENV_VERSION, Completion, Sample
+from traingym.core.types import ENV_VERSION, Completion, Sample
 
 
 class ContextError(ValueError):

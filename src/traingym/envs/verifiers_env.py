@@ -267,7 +267,7 @@ class VerifiersEnv(MultiTurnEnv):
 
     async def reset(self):
         from traingym.envs.transcript import Transcript
-        from traingym.types import Observation
+        from traingym.core.types import Observation
 
         if self.transcript is not None:
             raise RuntimeError("VerifiersEnv is single-use: reset() once")

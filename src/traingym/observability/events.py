@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from traingym.observability.schema import SCHEMA_VERSION
-from traingym.types import Group, Sample
+from traingym.core.types import Group, Sample
 
 
 class RunLog:

@@ -51,7 +51,7 @@ def sink_class(name: str) -> type:
 def check(names: list[str], options: dict[str, dict[str, Any]]) -> None:
     """Raise ValueError naming the problem and the fix for an unknown or repeated sink, an
     option of a sink that is not chosen or that it does not take, or a package not installed."""
-    from traingym.config import did_you_mean
+    from traingym.core.errors import did_you_mean
 
     for name in names:
         if name not in SINKS:

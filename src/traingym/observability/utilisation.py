@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traingym.observability import trace
+from traingym.core import trace
 
 TRAINER_CATS = ("trainer", "weights", "checkpoint")
 

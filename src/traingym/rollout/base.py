@@ -38,7 +38,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from traingym.types import Completion, GenerationRequest
+from traingym.core.types import Completion, GenerationRequest
 
 UNSERVED = -1  # `version` of an engine holding weights no trainer published (never served)
 

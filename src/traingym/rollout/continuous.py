@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from traingym.padding import left_pad
-from traingym.types import GenerationRequest, SamplingParams
+from traingym.core.padding import left_pad
+from traingym.core.types import GenerationRequest, SamplingParams
 
 
 @dataclass

@@ -40,7 +40,7 @@ def names() -> list[str]:
 
 def get(name: str) -> type:
     """The engine class for a registry name or a 'module:Class' path."""
-    from traingym.config import did_you_mean
+    from traingym.core.errors import did_you_mean
 
     target = ENGINES.get(name, name)
     if ":" not in target:
@@ -65,7 +65,7 @@ def options(name: str, raw: dict[str, Any]):
     bad option, what is wrong with it, and the engine's options."""
     from pydantic import ValidationError
 
-    from traingym.config import did_you_mean
+    from traingym.core.errors import did_you_mean
 
     model = get(name).Options
     try:
@@ -91,7 +91,7 @@ def build_engine(cfg, model, tokenizer, cls: type | None = None) -> RolloutEngin
 
 def check_engine(cfg) -> None:
     """Fail before any work when the run asks of its engine what the engine cannot do."""
-    from traingym.config import ConfigError
+    from traingym.core.errors import ConfigError
 
     name, can = cfg.rollout.engine, get(cfg.rollout.engine).abilities
     if not can.takes_weights:

@@ -57,10 +57,10 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from traingym.procs import NotHealthy, free_port, log_tail, stop_group, wait_healthy
+from traingym.core.procs import NotHealthy, free_port, log_tail, stop_group, wait_healthy
 from traingym.rollout.base import EngineAbilities, EngineUnavailable
 from traingym.rollout.http import HttpClient, split_base_url
-from traingym.types import Completion, GenerationRequest
+from traingym.core.types import Completion, GenerationRequest
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -114,7 +114,7 @@ class SGLangEngine:
 
     @classmethod
     def from_config(cls, cfg, model, tokenizer, options: Options) -> SGLangEngine:
-        from traingym.precision import engine_dtype
+        from traingym.core.precision import engine_dtype
 
         # the dtype the run's weight sync sends (run.py resolves model.engine_dtype the same way)
         return cls(model, tokenizer, options, engine_dtype(cfg.model.engine_dtype), cfg.seed)

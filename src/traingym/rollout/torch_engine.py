@@ -36,12 +36,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import DynamicCache
 
-from traingym.padding import left_pad, repeat_cache_rows
-from traingym.precision import engine_dtype
+from traingym.core.padding import left_pad, repeat_cache_rows
+from traingym.core.precision import engine_dtype
 from traingym.rollout.base import EngineAbilities
 from traingym.rollout.fused_decoder import FusedDecoder, supports
-from traingym.scoring import row_logits, token_logprobs
-from traingym.types import Completion, GenerationRequest, SamplingParams
+from traingym.models.scoring import row_logits, token_logprobs
+from traingym.core.types import Completion, GenerationRequest, SamplingParams
 
 
 def _filter_logits(logits_B_V: torch.Tensor, params: SamplingParams) -> torch.Tensor:

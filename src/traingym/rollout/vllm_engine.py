@@ -49,10 +49,10 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from traingym.precision import engine_dtype
-from traingym.procs import log_tail, stop_group
+from traingym.core.precision import engine_dtype
+from traingym.core.procs import log_tail, stop_group
 from traingym.rollout.base import EngineAbilities, EngineUnavailable
-from traingym.types import Completion, GenerationRequest
+from traingym.core.types import Completion, GenerationRequest
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 SETUP = "bash scripts/setup_vllm.sh"

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 
-from traingym.observability import trace
+from traingym.core import trace
 from traingym.sandbox.base import Command, ExecResult, Limits, SandboxError
 
 

@@ -24,7 +24,7 @@ from traingym.serve.limits import ApiError, Guard, Limits, error_response
 from traingym.serve.live import live_sse
 from traingym.serve.protocol import ChatRequest, CompletionRequest
 from traingym.serve.text import render_chat
-from traingym.types import GenerationRequest, SamplingParams
+from traingym.core.types import GenerationRequest, SamplingParams
 
 
 class Slots:

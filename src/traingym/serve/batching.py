@@ -29,7 +29,7 @@ import asyncio
 import dataclasses
 import time
 
-from traingym.types import Completion, GenerationRequest
+from traingym.core.types import Completion, GenerationRequest
 
 
 class Batcher:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from traingym.serve.text import TextStream
-from traingym.types import Completion, GenerationRequest
+from traingym.core.types import Completion, GenerationRequest
 
 PREFILL_TOKENS = 8192  # padded prompt tokens prefilled in one tick (one prompt at least)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from traingym.asgi import send_json
+from traingym.core.asgi import send_json
 
 
 @dataclass(frozen=True)

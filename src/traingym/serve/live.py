@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 
 from traingym.serve import responses as R
-from traingym.types import GenerationRequest
+from traingym.core.types import GenerationRequest
 
 
 async def live_sse(batcher, tok, jobs: list[tuple[GenerationRequest, int]], stops: list[str],

@@ -35,8 +35,8 @@ def _run_config(run_dir: Path, overrides: list[str]):
     """The default config with the run's model, seed and engine settings (all that serving
     reads), so a run written by an older traingym, whose other keys have moved since, still
     serves; `overrides` go on top."""
-    from traingym.config import ConfigError
-    from traingym.config_load import _merge, build_config, parse_overrides
+    from traingym.core.errors import ConfigError
+    from traingym.config.load import _merge, build_config, parse_overrides
 
     path = run_dir / "config.json"
     if not path.is_file():
@@ -57,7 +57,7 @@ def _run_config(run_dir: Path, overrides: list[str]):
 
 def resolve(arg: str) -> tuple[str, Path | None, Path | None]:
     """(kind, checkpoint folder, run dir): kind is 'checkpoint' or 'model'."""
-    from traingym import checkpoint
+    from traingym.runs import checkpoint
 
     if arg in ("tiny", "embedded"):
         return "model", None, None
@@ -79,8 +79,8 @@ def resolve(arg: str) -> tuple[str, Path | None, Path | None]:
 def load(arg: str, overrides: list[str] | None = None, name: str | None = None) -> Served:
     from safetensors.torch import load_model
 
-    from traingym import checkpoint
-    from traingym.config_load import build_config
+    from traingym.runs import checkpoint
+    from traingym.config.load import build_config
     from traingym.models.loader import check_model_path, load_policy
     from traingym.rollout.registry import build_engine
 

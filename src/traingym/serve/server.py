@@ -56,7 +56,7 @@ def is_loopback(host: str) -> bool:
 
 def api_key(host: str, env_var: str | None) -> str | None:
     """The key from `env_var`; ConfigError for a non-loopback host without one."""
-    from traingym.config import ConfigError
+    from traingym.core.errors import ConfigError
 
     if env_var is None:
         if not is_loopback(host):
@@ -72,7 +72,7 @@ def api_key(host: str, env_var: str | None) -> str | None:
 
 
 def main(args) -> int:
-    from traingym.config import ConfigError
+    from traingym.core.errors import ConfigError
     from traingym.serve.limits import Limits
 
     key = api_key(args.host, args.api_key_env)  # before loading anything
@@ -89,7 +89,7 @@ def main(args) -> int:
             from None
     from traingym.serve.loading import load
 
-    from traingym.checkpoint import CheckpointError
+    from traingym.runs.checkpoint import CheckpointError
 
     try:
         served = load(args.model, args.overrides, args.served_model_name)

@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from traingym.types import Batch
+from traingym.core.types import Batch
 
 
 class Trainer(Protocol):

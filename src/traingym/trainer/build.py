@@ -5,7 +5,7 @@ run's algorithm (`algorithm.name`, algorithms/registry.py)."""
 
 from __future__ import annotations
 
-from traingym.config import Config
+from traingym.config.schema import Config
 
 
 def build_trainer(cfg: Config, model, pad_token_id: int):

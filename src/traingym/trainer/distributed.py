@@ -48,13 +48,13 @@ import torch.distributed as dist
 
 from traingym.algorithms import registry
 from traingym.algorithms.importance import ImportanceSpec
-from traingym.config import Config
-from traingym.observability import trace
+from traingym.config.schema import Config
+from traingym.core import trace
 from traingym.trainer.rank import (Rank, RankSpec, build_replica, fqn_optimizer_state,
                                    indexed_optimizer_state, manifest, tied_names,
                                    trainable_names)
 from traingym.trainer.torch_trainer import batch_tokens, check_finite, empty_metrics, make_optimizer
-from traingym.types import Batch
+from traingym.core.types import Batch
 
 GRACE_S = 5.0  # after rank 0 fails, how long a worker's own error report may take to arrive
 START_S = 120.0  # a worker's start (spawn, import torch and transformers, build the model)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from traingym.padding import left_pad, repeat_cache_rows, right_pad
+from traingym.core.padding import left_pad, repeat_cache_rows, right_pad
 
 
 @dataclass

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from traingym.trainer.options import LoraConfig
+from traingym.trainer.config import LoraConfig
 from traingym.trainer.torch_trainer import TorchTrainer
 
 

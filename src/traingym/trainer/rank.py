@@ -41,8 +41,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from traingym.config import TrainerConfig
-from traingym.observability import trace
+from traingym.trainer.config import TrainerConfig
+from traingym.core import trace
 from traingym.trainer.torch_trainer import TorchTrainer
 
 

@@ -33,7 +33,7 @@ import time
 import torch
 
 from traingym.envs.datasets import DatasetError, load_rows
-from traingym.padding import right_pad
+from traingym.core.padding import right_pad
 
 
 def load_chats(source) -> list[list[dict]]:
@@ -103,7 +103,7 @@ def batch_rows(n_rows: int, seed: int, step: int, size: int) -> list[int]:
 
 def sft_phase(run) -> dict | None:
     """Run (or finish, on resume) the SFT phase; returns its last record (None: skipped)."""
-    from traingym import checkpoint
+    from traingym.runs import checkpoint
 
     cfg, trainer = run.cfg, run.trainer
     if cfg.sft.data is None:
@@ -153,7 +153,7 @@ def sft_phase(run) -> dict | None:
 
 def _restart_sync(run) -> None:
     """A new publisher chain (an anchor at version 0) carrying the SFT weights to the engine."""
-    from traingym.precision import engine_dtype
+    from traingym.core.precision import engine_dtype
     from traingym.weights.colocated import ColocatedSync
 
     run.weights.close()

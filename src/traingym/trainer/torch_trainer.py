@@ -59,12 +59,12 @@ import torch
 
 from traingym.algorithms.importance import (ImportanceSpec, importance_sums,
                                             importance_weights, mismatch_sums, over_cap)
-from traingym.config import TrainerConfig
-from traingym.observability import trace
-from traingym.precision import autocast_bf16
+from traingym.trainer.config import TrainerConfig
+from traingym.core import trace
+from traingym.core.precision import autocast_bf16
 from traingym.trainer.logprobs import completion_logprobs
 from traingym.trainer.micro import micro_batches, sequence_logprobs
-from traingym.types import Batch
+from traingym.core.types import Batch
 
 
 class TorchTrainer:

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from traingym.observability import trace
+from traingym.core import trace
 from traingym.weights import registry
 from traingym.weights.base import CODECS, State
 from traingym.weights.sync import (Publisher, PublisherConfig, PublishStats, Subscriber,

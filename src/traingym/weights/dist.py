@@ -118,4 +118,4 @@ TRANSPORT = Transport(
         "transport does not fit async engines yet: receive() blocks in a collective until the "
         "next publish (an engine could not generate meanwhile), a gloo/NCCL group has a fixed "
         "world (a restarted engine cannot rejoin), and trainer.data_parallel ranks already use "
-        "the default group; use it standalone (weights/config.py, tests/weights/test_dist.py)"))
+        "the default group; use it standalone (tests/weight_sync_builders.py, tests/weights/test_dist.py)"))

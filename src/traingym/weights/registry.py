@@ -110,7 +110,7 @@ def get(name: str) -> Transport:
     if entry is None and ":" in name:
         entry = name
     if entry is None:
-        from traingym.config import did_you_mean
+        from traingym.core.errors import did_you_mean
 
         raise UnknownTransport(f"unknown transport {name!r}; choose one of {loop_choices()}, "
                                "or give a 'module:ATTR' path to a weights.registry.Transport"

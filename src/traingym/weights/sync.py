@@ -46,7 +46,7 @@ from typing import Callable
 
 import torch
 
-from traingym.observability import trace
+from traingym.core import trace
 from traingym.weights.base import (CODECS, BaseMismatch, IntegrityError, Payload, PeerDead,
                                    Receiver, Sender, State, TransportTimeout)
 from traingym.weights import lthash

@@ -23,7 +23,7 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
-from traingym.cluster.planner import (
+from traingym.plan.planner import (
     CODEC_FIGURES, GB, GPU_PRESETS, SCALED, CodecFigures, Rates, Row, TargetCluster, Workload,
     bad, best, candidates, check_cluster, codec_figures, rates, size_row)
 
@@ -84,7 +84,7 @@ def target_cluster(args) -> TargetCluster:
     import tomllib
     from dataclasses import replace
 
-    from traingym.config import did_you_mean
+    from traingym.core.errors import did_you_mean
 
     c = TargetCluster()
     names = [f.name for f in fields(TargetCluster)]
@@ -182,7 +182,7 @@ def workload(cfg, args, cluster: TargetCluster, params: int) -> Workload:
 
 def run(args) -> int:
     """`traingym plan`: prints the inputs, one row per configuration and the best runnable."""
-    from traingym.config_load import build_config
+    from traingym.config.load import build_config
     from traingym.models.presets import get as get_preset
 
     if args.sim_steps < 8:

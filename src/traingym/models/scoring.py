@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from traingym.padding import left_pad, right_pad
+from traingym.core.padding import left_pad, right_pad
 
 
 def row_logits(model, prompts, completions, pad_token_id: int):

@@ -1,21 +1,64 @@
-"""Config sections of the training extras: `lora`, `sft` and `distill` (config.py holds them
-in `Config`; `trainer.gradient_checkpointing` and `trainer.micro_batch_tokens` live in
-`TrainerConfig`). Each section is off by default: `lora.rank = 0`, `sft.data = None`,
-`distill.teacher = None`.
-"""
+"""The trainer's config sections: `trainer` (optimizer, micro-batches, data parallelism) and
+the extras `lora`, `sft` and `distill`, each off by default (`lora.rank = 0`,
+`sft.data = None`, `distill.teacher = None`)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from traingym.core.errors import Strict
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+class TrainerConfig(Strict):
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
+    micro_batch_groups: int = Field(4, ge=1, description="groups per forward/backward pass")
+    bf16_autocast: bool | Literal["auto"] = Field(
+        "auto", description="bf16 autocast for forward/backward (master weights and optimizer "
+        "stay fp32); 'auto': on where the device has fast bf16 kernels (precision.py)")
+    data_parallel: int = Field(1, ge=1, description="trainer ranks (world size): rank 0 in "
+                               "this process, the others local processes (cluster.type "
+                               "'local') or Ray actors ('ray'); each trains on whole groups "
+                               "of the batch, gloo on CPU (trainer/distributed.py)")
+    parallelism: Literal["ddp", "fsdp2"] = Field(
+        "ddp", description="with data_parallel > 1: 'ddp' (a replica per rank, gradients "
+        "all-reduced) or 'fsdp2' (torch fully_shard: parameters and optimizer state sharded)")
+    dist_timeout_s: float = Field(300.0, gt=0, description="with data_parallel > 1: a rank "
+                                  "that does not answer (or a collective that does not "
+                                  "finish) within this long fails the step")
+    gradient_checkpointing: bool = Field(False, description="recompute each decoder layer in "
+                                         "the backward pass (less memory, more compute; the "
+                                         "trainer then runs full sequences: trainer/micro.py)")
+    micro_batch_tokens: int = Field(0, ge=0, description="cap on tokens per forward/backward "
+                                    "pass, splitting groups by samples (trainer/micro.py); 0: "
+                                    "micro-batches of micro_batch_groups whole groups")
+
+    @model_validator(mode="after")
+    def _parallel(self) -> TrainerConfig:
+        if self.data_parallel == 1:
+            if {"parallelism", "dist_timeout_s"} & self.model_fields_set:
+                raise ValueError("trainer.parallelism and dist_timeout_s apply only with "
+                                 "trainer.data_parallel > 1")
+            return self
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            raise ValueError("trainer.data_parallel > 1 needs torch.distributed, which this "
+                             "torch build lacks")
+        if self.parallelism == "fsdp2":
+            try:
+                from torch.distributed.fsdp import fully_shard  # noqa: F401
+            except ImportError as e:
+                raise ValueError("trainer.parallelism='fsdp2' needs torch.distributed.fsdp."
+                                 f"fully_shard (torch >= 2.6); this torch has none: {e}") from e
+        return self
 
 
-class LoraConfig(_Strict):
+class LoraConfig(Strict):
     """LoRA adapters through `peft` (trainer/lora.py): the trainer trains only the adapters."""
 
     rank: int = Field(0, ge=0, description="adapter rank r; 0: LoRA off (full fine-tuning)")
@@ -30,7 +73,7 @@ class LoraConfig(_Strict):
         "the base it keeps; mode='sync' and the built-in torch engine only)")
 
 
-class SftConfig(_Strict):
+class SftConfig(Strict):
     """Supervised warm start on chat data before the RL steps (trainer/sft.py)."""
 
     data: str | None = Field(None, description="a JSONL file of {'messages': [...]} rows or a "
@@ -43,7 +86,7 @@ class SftConfig(_Strict):
                                   "at the end of the phase)")
 
 
-class DistillConfig(_Strict):
+class DistillConfig(Strict):
     """On-policy distillation (algorithms/distill.py): a teacher scores the student's samples."""
 
     teacher: str | None = Field(None, description="the teacher: 'tiny', 'embedded' or a local "
@@ -104,52 +147,3 @@ def teacher_options(name: str, teacher: str | None, raw: dict[str, Any]) -> dict
             msg = f"distill.teacher={teacher!r} is not a server URL ({msg})"
         raise ValueError(msg) from None
     return raw
-
-
-def check_teacher_temperature(cfg) -> None:
-    """A teacher engine that scores only at T = 1 refuses a run sampling at another T."""
-    from traingym.rollout import registry
-
-    name, t = cfg.distill.teacher_engine, cfg.rollout.temperature
-    if name is None or cfg.distill.teacher is None or t in (0.0, 1.0):
-        return
-    if not registry.get(name).abilities.scores_at_any_temperature:
-        raise ValueError(f"distill.teacher_engine={name!r} scores only at temperature 1, but "
-                         f"rollout.temperature={t:g}: the teacher's log-probs would be of "
-                         "softmax(logits), not softmax(logits / T); set rollout.temperature = "
-                         f"1 or use {registry._able('scores_at_any_temperature')}")
-
-
-def check_extras(cfg) -> None:
-    """Checks across sections for the extras; each ValueError names the problem and the fix."""
-    lora, t = cfg.lora, cfg.trainer
-    if lora.rank == 0 and ({"alpha", "dropout", "target_modules", "sync"}
-                           & lora.model_fields_set):
-        raise ValueError("lora.alpha, dropout, target_modules and sync apply only with "
-                         "lora.rank > 0; set lora.rank (e.g. 8)")
-    if lora.rank > 0 and t.data_parallel > 1:
-        raise ValueError("lora.rank > 0 runs in one trainer process: set "
-                         "trainer.data_parallel = 1 (LoRA with data-parallel ranks is not "
-                         "covered)")
-    if lora.sync == "adapter" and (cfg.mode != "sync" or cfg.rollout.engine != "torch"):
-        raise ValueError("lora.sync='adapter' needs mode='sync' and rollout.engine='torch' "
-                         "(the engine that merges adapters); use lora.sync='merged' otherwise")
-    if cfg.sft.data is None and cfg.sft.model_fields_set - {"data"}:
-        raise ValueError("the 'sft' section's settings apply only with sft.data (a JSONL of "
-                         "{'messages': [...]} rows or a datasets folder)")
-    if cfg.sft.data is not None and cfg.mode != "sync":
-        raise ValueError("an sft phase runs only with mode='sync'")
-    if cfg.distill.teacher is None and cfg.distill.model_fields_set - {"teacher"}:
-        raise ValueError("distill.coef, reward_coef, teacher_engine and teacher_engine_options "
-                         "apply only with distill.teacher (the teacher's model or checkpoint, "
-                         "or its server's URL)")
-    check_teacher_temperature(cfg)
-    if cfg.distill.teacher is not None and (t.data_parallel > 1 or cfg.mode != "sync"):
-        raise ValueError("distill.teacher runs with mode='sync' and trainer.data_parallel = 1 "
-                         "(distillation with engine processes or ranks is not covered)")
-    if cfg.distill.teacher is not None and lora.rank > 0:
-        raise ValueError("distill.teacher with lora.rank > 0 is not covered: distil into the "
-                         "full model (lora.rank = 0)")
-    if t.gradient_checkpointing and t.data_parallel > 1:
-        raise ValueError("trainer.gradient_checkpointing runs in one trainer process: set "
-                         "trainer.data_parallel = 1")

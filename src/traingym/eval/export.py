@@ -20,7 +20,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from traingym.config import ConfigError
+from traingym.core.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -30,7 +30,7 @@ def export(source: str | Path, out: str | Path, dtype: str | None = None) -> Pat
     import torch
     from transformers import GenerationConfig
 
-    from traingym.eval_specs import load_weights, resolve_spec, run_config
+    from traingym.eval.specs import load_weights, resolve_spec, run_config
     from traingym.models.loader import load_policy, resolve_path
 
     out = Path(out)

@@ -1,4 +1,4 @@
-"""`traingym.evaluate(...)` and `traingym eval`: a model, checkpoint or endpoint on a task.
+"""`traingym.envs.evaluate(...)` and `traingym eval`: a model, checkpoint or endpoint on a task.
 
 An eval repeats what a run's held-out evaluation does (run.py Run.evaluate): greedy (1 sample)
 and sampled (eval.samples_per_prompt samples at rollout.temperature) episodes of every eval
@@ -34,11 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from traingym.config import Config, ConfigError
-from traingym.eval_specs import (ModelSpec, build_engine_for, check_overlap, eval_rows,
+from traingym.config.schema import Config
+
+from traingym.core.errors import ConfigError
+from traingym.eval.specs import (ModelSpec, build_engine_for, check_overlap, eval_rows,
                                  make_factory, prompt_key, resolve_spec, run_config,
                                  weights_source)
-from traingym.evaluate import Score, collect, group_means, paired_difference, pass_at_k_score
+from traingym.envs.evaluate import Score, collect, group_means, paired_difference, pass_at_k_score
 from traingym.models.families import stop_token_ids
 
 SUMMARY, SAMPLES, COMPARE = "summary.json", "samples.jsonl", "compare.json"
@@ -55,7 +57,7 @@ class EvalResult:
 def _as_config(config, spec: ModelSpec) -> Config:
     """The eval config: the one given, else the spec's run's, else the default; model.path is
     the spec's model."""
-    from traingym.config_load import build_config, validate
+    from traingym.config.load import build_config, validate
 
     if config is None:
         cfg = run_config(spec.run_dir) if spec.run_dir is not None else build_config()
@@ -144,7 +146,7 @@ def _threads(cfg: Config) -> int:
 
 
 def _run(cfg: Config, engine, tok, factory, group, rows, seed) -> dict[str, list]:
-    from traingym.rollout.runner import EpisodeLimits
+    from traingym.envs.runner import EpisodeLimits
 
     r = cfg.rollout
     out = {}

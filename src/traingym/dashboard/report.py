@@ -62,7 +62,7 @@ def _series(events: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 def draw_charts(events: list[dict], out: Path) -> dict[str, Path]:
     """One PNG per chart the run has data for; {chart name: path}."""
-    from traingym.config import ConfigError
+    from traingym.core.errors import ConfigError
 
     try:
         from matplotlib.figure import Figure
@@ -99,7 +99,7 @@ def draw_charts(events: list[dict], out: Path) -> dict[str, Path]:
 
 
 def _read_json(path: Path) -> dict | None:
-    from traingym.config import ConfigError
+    from traingym.core.errors import ConfigError
 
     if not path.exists():
         return None
@@ -195,7 +195,7 @@ def render_html(run_dir: Path, config: dict, events: list[dict], samples: list[d
 
 def write_report(run_dir: Path, out: Path | None = None) -> Path:
     """Write the charts and report.html; returns the output folder."""
-    from traingym.config import ConfigError  # late: `traingym --help` imports this module
+    from traingym.core.errors import ConfigError  # late: `traingym --help` imports this module
     from traingym.observability.events import read_events, read_samples
 
     if not (run_dir / "events.jsonl").is_file():

@@ -16,10 +16,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from traingym.config import PRESETS, Config, ConfigError, closest, did_you_mean
-
+from traingym.config.schema import PRESETS, Config
 
 # Keys that moved: an old name's error names the new place (_unknown_key).
+from traingym.core.errors import ConfigError, closest, did_you_mean
+
 MOVED_KEYS: dict[str, str] = {
     **{f"{old}.{k}": f"algorithm.{k}" for old in ("async", "trainer")
        for k in ("is_correction", "is_level", "is_cap")},

@@ -10,7 +10,7 @@ a prompt of which c pass, the unbiased estimate of "at least one of k samples pa
 over prompts with the standard error over prompts. A sample passes when its reward reaches a
 threshold (eval_run.py: 1.0 by default, the built-in tasks' full score).
 
-`traingym.evaluate` is this module and, called, the public eval entry point
+`traingym.envs.evaluate` is this module and, called, the public eval entry point
 (`eval_run.evaluate`): the package's submodule and function share the name, so the module is
 made callable rather than shadowing one with the other.
 """
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from traingym.envs.base import EnvFactory
 from traingym.envs.group import GroupReward
 from traingym.envs.resources import RunResources
-from traingym.rollout.runner import EpisodeLimits, RolloutRunner
-from traingym.types import SamplingParams
+from traingym.envs.runner import EpisodeLimits, RolloutRunner
+from traingym.core.types import SamplingParams
 
 
 @dataclass
@@ -147,10 +147,10 @@ def as_dict(scores: dict[str, Score]) -> dict:
 
 
 class _CallableModule(types.ModuleType):
-    """`traingym.evaluate(...)`: this module, called, runs eval_run.evaluate."""
+    """`traingym.envs.evaluate(...)`: this module, called, runs eval_run.evaluate."""
 
     def __call__(self, *args, **kwargs):
-        from traingym.eval_run import evaluate as run_eval
+        from traingym.eval.run import evaluate as run_eval
 
         return run_eval(*args, **kwargs)
 

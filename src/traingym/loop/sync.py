@@ -7,8 +7,8 @@ step.py's, shared with the async loop; everything else is a named helper in run.
 from __future__ import annotations
 
 from traingym.algorithms import registry
-from traingym.rollout.runner import stream_seed
-from traingym.step import run_step
+from traingym.envs.runner import stream_seed
+from traingym.loop.step import run_step
 
 
 def train_loop(run, start_step: int) -> dict:

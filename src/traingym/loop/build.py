@@ -18,31 +18,34 @@ from typing import Any
 
 import torch
 
-from traingym import checkpoint, runlock
+from traingym.runs import checkpoint
+
+from traingym.runs import lock as runlock
 from traingym.cluster.preflight import check_cluster
-from traingym.config import Config, ConfigError
+from traingym.config.schema import Config
+from traingym.core.errors import ConfigError
 from traingym.envs.base import EnvFactory
 from traingym.envs.multi_turn import BoundFactory
 from traingym.envs.render import PromptRenderer
 from traingym.envs.resources import RunResources
 from traingym.envs.single_turn import SingleTurnFactory
-from traingym.evaluate import as_dict, evaluate, paired_difference
-from traingym.inputs import Inputs, resolve_inputs
+from traingym.envs.evaluate import as_dict, evaluate, paired_difference
+from traingym.loop.inputs import Inputs, resolve_inputs
 from traingym.models.families import stop_token_ids
 from traingym.models.loader import check_model_path, load_policy
 from traingym.observability.events import RunLog
-from traingym.observability import trace
+from traingym.core import trace
 from traingym.observability.progress import Progress
 from traingym.observability.sinks import Sinks
 from traingym.observability.utilisation import StepUtilisation
-from traingym.precision import engine_dtype
-from traingym.preempt import Preemption, RunPreempted
-from traingym.rollout.runner import EpisodeLimits, RolloutRunner
+from traingym.core.precision import engine_dtype
+from traingym.runs.preempt import Preemption, RunPreempted
+from traingym.envs.runner import EpisodeLimits, RolloutRunner
 from traingym.rollout.base import RolloutEngine
 from traingym.rollout.registry import build_engine, check_engine
 from traingym.trainer.base import Trainer
 from traingym.trainer.build import build_trainer
-from traingym.types import SamplingParams
+from traingym.core.types import SamplingParams
 from traingym.weights.colocated import ColocatedSync
 
 

@@ -21,8 +21,8 @@ import time
 from typing import Callable
 
 from traingym.algorithms import registry
-from traingym.observability import trace
-from traingym.types import Batch, Group
+from traingym.core import trace
+from traingym.core.types import Batch, Group
 
 
 def fill_batch(algorithm, take: Callable, per_step: int) -> tuple[list[Group], Batch, dict, int]:

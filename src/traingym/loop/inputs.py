@@ -9,7 +9,9 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from traingym.config import Config, ConfigError, did_you_mean
+from traingym.config.schema import Config
+
+from traingym.core.errors import ConfigError, did_you_mean
 from traingym.envs.datasets import load_rows, validate_rows
 from traingym.envs.tasks import builtin_task, exact_answer
 

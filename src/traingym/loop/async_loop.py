@@ -61,10 +61,10 @@ from collections import deque
 from traingym.algorithms import registry
 from traingym.cluster.engine_process import Job
 from traingym.cluster.local import LocalEngines
-from traingym.config import ConfigError
-from traingym.rollout.runner import stream_seed
-from traingym.step import run_step
-from traingym.types import Group
+from traingym.core.errors import ConfigError
+from traingym.envs.runner import stream_seed
+from traingym.loop.step import run_step
+from traingym.core.types import Group
 
 
 def oldest_version(group: Group) -> int:

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from traingym import checkpoint
-from traingym.config import Config, ConfigError
-from traingym.runs import is_run_dir  # noqa: F401 (re-exported)
+from traingym.runs import checkpoint
+from traingym.config.schema import Config
+from traingym.core.errors import ConfigError
+from traingym.runs.index import is_run_dir  # noqa: F401 (re-exported)
 
 RUN_CONFIG = "config.json"
 
@@ -51,7 +52,7 @@ class ModelSpec:
 
 def run_config(run_dir: Path) -> Config:
     """The run's Config from its config.json."""
-    from traingym.config_load import validate
+    from traingym.config.load import validate
 
     return validate(run_config_data(run_dir))
 
@@ -68,7 +69,7 @@ def run_config_data(run_dir: Path) -> dict:
 
 
 def _moved(data: dict) -> dict:
-    from traingym.config_load import MOVED_KEYS
+    from traingym.config.load import MOVED_KEYS
 
     data = json.loads(json.dumps(data))  # a copy
     for old, new in MOVED_KEYS.items():
@@ -286,7 +287,7 @@ def make_factory(cfg: Config, tokenizer, reward: Callable | None, env, group_rew
     from traingym.envs.render import PromptRenderer
     from traingym.envs.single_turn import SingleTurnFactory
     from traingym.envs.tasks import exact_answer
-    from traingym.inputs import import_reward, resolve_env
+    from traingym.loop.inputs import import_reward, resolve_env
 
     env, group_reward = resolve_env(cfg, env, group_reward)
     if env is not None and reward is not None:

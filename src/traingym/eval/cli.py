@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _pass_k(text: str) -> tuple[int, ...]:
-    from traingym.config import ConfigError
+    from traingym.core.errors import ConfigError
 
     try:
         ks = tuple(int(k) for k in text.split(",") if k.strip())
@@ -66,8 +66,8 @@ def _pass_k(text: str) -> tuple[int, ...]:
 
 def _config(args, run_dir: Path | None):
     """The eval config the flags ask for, or None (eval_run picks the run's or the default)."""
-    from traingym.config_load import _merge, build_config, parse_overrides, validate
-    from traingym.eval_specs import run_config_data
+    from traingym.config.load import _merge, build_config, parse_overrides, validate
+    from traingym.eval.specs import run_config_data
 
     extra = list(args.overrides)
     extra += [f"task.{k}={getattr(args, k)}" for k in ("reward", "env") if getattr(args, k)]
@@ -81,8 +81,8 @@ def _config(args, run_dir: Path | None):
 
 
 def _run_of(texts) -> Path | None:
-    from traingym.eval_run import is_eval_folder
-    from traingym.eval_specs import resolve_spec
+    from traingym.eval.run import is_eval_folder
+    from traingym.eval.specs import resolve_spec
 
     for text in texts:
         if text != "base" and not is_eval_folder(text):
@@ -93,8 +93,8 @@ def _run_of(texts) -> Path | None:
 
 
 def _eval(args) -> int:
-    from traingym.config import ConfigError
-    from traingym.eval_run import compare, evaluate, format_delta, format_scores
+    from traingym.core.errors import ConfigError
+    from traingym.eval.run import compare, evaluate, format_delta, format_scores
 
     out = Path(args.out or Path("evals") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}")
     kw = dict(dataset=args.dataset, pass_k=_pass_k(args.pass_k),
@@ -122,7 +122,7 @@ def _eval(args) -> int:
 
 
 def _runs(args) -> int:
-    from traingym.runs import find_runs, table
+    from traingym.runs.index import find_runs, table
 
     runs = find_runs(args.dir)
     print(table(runs) if runs else f"no runs under {args.dir}")
@@ -130,7 +130,7 @@ def _runs(args) -> int:
 
 
 def _export(args) -> int:
-    from traingym.hf_export import export
+    from traingym.eval.export import export
 
     print(f"exported: {export(args.checkpoint, args.out, args.dtype)}")
     return 0

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from traingym import runlock
+from traingym.runs import lock as runlock
 
 MARKER = "COMMITTED"  # checkpoint.py's commit marker (not imported: that module imports torch)
 
@@ -43,7 +43,7 @@ class Checkpoint:
 
     def verify(self) -> dict:
         """Check every file against the manifest (checkpoint.py); return the manifest."""
-        from traingym import checkpoint
+        from traingym.runs import checkpoint
 
         return checkpoint.verify(self.path)
 
@@ -85,7 +85,7 @@ class RunView:
     @cached_property
     def config(self):
         """The run's Config (validated as this version of traingym reads it)."""
-        from traingym.eval_specs import run_config
+        from traingym.eval.specs import run_config
 
         return run_config(self.path)
 

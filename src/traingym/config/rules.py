@@ -1,0 +1,102 @@
+"""The config rules that span sections, checked when a Config is built. Each reads the
+sections' values and the components' declared abilities (registries), never names; a
+ValueError names the problem and the fix."""
+
+from __future__ import annotations
+
+from traingym.algorithms import registry as algorithms
+from traingym.rollout import registry as engines
+from traingym.weights import registry as transports
+
+
+def check(cfg) -> None:
+    check_extras(cfg)
+    _importance_on(cfg)
+    _algorithm_can_run(cfg)
+    _async_needs(cfg)
+
+
+def check_teacher_temperature(cfg) -> None:
+    """A teacher engine that scores only at T = 1 refuses a run sampling at another T."""
+    name, t = cfg.distill.teacher_engine, cfg.rollout.temperature
+    if name is None or cfg.distill.teacher is None or t in (0.0, 1.0):
+        return
+    if not engines.get(name).abilities.scores_at_any_temperature:
+        raise ValueError(f"distill.teacher_engine={name!r} scores only at temperature 1, but "
+                         f"rollout.temperature={t:g}: the teacher's log-probs would be of "
+                         "softmax(logits), not softmax(logits / T); set rollout.temperature = "
+                         f"1 or use {engines._able('scores_at_any_temperature')}")
+
+
+def check_extras(cfg) -> None:
+    """Checks across sections for the extras; each ValueError names the problem and the fix."""
+    lora, t = cfg.lora, cfg.trainer
+    if lora.rank == 0 and ({"alpha", "dropout", "target_modules", "sync"}
+                           & lora.model_fields_set):
+        raise ValueError("lora.alpha, dropout, target_modules and sync apply only with "
+                         "lora.rank > 0; set lora.rank (e.g. 8)")
+    if lora.rank > 0 and t.data_parallel > 1:
+        raise ValueError("lora.rank > 0 runs in one trainer process: set "
+                         "trainer.data_parallel = 1 (LoRA with data-parallel ranks is not "
+                         "covered)")
+    if lora.sync == "adapter" and (cfg.mode != "sync" or cfg.rollout.engine != "torch"):
+        raise ValueError("lora.sync='adapter' needs mode='sync' and rollout.engine='torch' "
+                         "(the engine that merges adapters); use lora.sync='merged' otherwise")
+    if cfg.sft.data is None and cfg.sft.model_fields_set - {"data"}:
+        raise ValueError("the 'sft' section's settings apply only with sft.data (a JSONL of "
+                         "{'messages': [...]} rows or a datasets folder)")
+    if cfg.sft.data is not None and cfg.mode != "sync":
+        raise ValueError("an sft phase runs only with mode='sync'")
+    if cfg.distill.teacher is None and cfg.distill.model_fields_set - {"teacher"}:
+        raise ValueError("distill.coef, reward_coef, teacher_engine and teacher_engine_options "
+                         "apply only with distill.teacher (the teacher's model or checkpoint, "
+                         "or its server's URL)")
+    check_teacher_temperature(cfg)
+    if cfg.distill.teacher is not None and (t.data_parallel > 1 or cfg.mode != "sync"):
+        raise ValueError("distill.teacher runs with mode='sync' and trainer.data_parallel = 1 "
+                         "(distillation with engine processes or ranks is not covered)")
+    if cfg.distill.teacher is not None and lora.rank > 0:
+        raise ValueError("distill.teacher with lora.rank > 0 is not covered: distil into the "
+                         "full model (lora.rank = 0)")
+    if t.gradient_checkpointing and t.data_parallel > 1:
+        raise ValueError("trainer.gradient_checkpointing runs in one trainer process: set "
+                         "trainer.data_parallel = 1")
+
+
+def _importance_on(cfg) -> None:
+    a = cfg.algorithm
+    off = a.is_correction == "none" or (a.is_correction == "auto" and cfg.mode == "sync")
+    if off and {"is_level", "is_cap"} & a.model_fields_set:
+        raise ValueError("algorithm.is_level and is_cap apply only with an importance "
+                         "correction: set algorithm.is_correction to 'tis' or 'mis' (its "
+                         "default 'auto' is none with mode='sync')")
+    if a.kl_coef > 0 and a.kl_in == "reward" and cfg.trainer.data_parallel > 1:
+        raise ValueError("algorithm.kl_in='reward' shapes advantages over the whole batch "
+                         "in one process: use kl_in='loss' or trainer.data_parallel=1")
+    if a.entropy_coef > 0 and cfg.trainer.gradient_checkpointing:
+        raise ValueError("algorithm.entropy_coef needs the entropy's gradient, which the "
+                         "gradient-checkpointing path (trainer/micro.py) does not keep: "
+                         "set entropy_coef=0 or trainer.gradient_checkpointing=false")
+    
+
+def _algorithm_can_run(cfg) -> None:
+    algorithms.get(cfg.algorithm.name).check(cfg)  # algorithms/base.py: a ValueError
+    
+
+
+def _async_needs(cfg) -> None:
+    if cfg.mode == "sync" and cfg.async_.model_fields_set:
+        raise ValueError("the 'async' section applies only with mode='async'")
+    abilities = transports.get(cfg.weights.transport).abilities
+    if cfg.mode == "async" and not abilities.crosses_processes:
+        raise ValueError(f"mode='async' runs engines in other processes: weights.transport "
+                         f"must be {transports.one_of(transports.able('crosses_processes'))} "
+                         f"(or another that crosses processes), not "
+                         f"{cfg.weights.transport!r}")
+    if cfg.cluster.type == "ray" and cfg.mode != "async":
+        raise ValueError("cluster.type='ray' places engines apart from the trainer: it "
+                         "needs mode='async'")
+    if cfg.cluster.type == "ray" and not abilities.crosses_nodes:
+        raise ValueError("cluster.type='ray' sends weights to other nodes: weights.transport"
+                         f" must be {transports.one_of(transports.able('crosses_nodes'))} (or "
+                         f"another that crosses nodes), not {cfg.weights.transport!r}")
