@@ -1,0 +1,80 @@
+"""One registry class for every seam: name -> "module:attr", loaded on first use.
+
+A seam (engines, algorithms, transports, codecs, sinks, sandbox backends, env adapters) keeps
+one `Registry`; adding a variant is one file plus one `entries` line, or a "module:attr"
+string from the user. `check` (optional) validates what was loaded (a class with the seam's
+methods, a record of the right type) and returns it; a failed check, an unknown name or an
+import error is a `RegistryError` (a ValueError) naming the key, the choices and the closest.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from traingym.core.errors import did_you_mean
+
+
+class RegistryError(ValueError):
+    """An unknown name, a path that does not import, or an object the seam cannot use."""
+
+
+class Registry:
+    def __init__(self, key: str, entries: dict[str, str], *, kind: str = "class",
+                 check: Callable[[str, Any], Any] | None = None,
+                 error: type[RegistryError] = RegistryError):
+        self.key = key  # the config key users set, e.g. "rollout.engine" (for messages)
+        self.entries = entries
+        self.kind = kind  # what a "module:attr" names, e.g. "class" or "record"
+        self._check = check
+        self._error = error
+        self._loaded: dict[str, Any] = {}
+
+    def names(self) -> list[str]:
+        return sorted(self.entries)
+
+    def register(self, name: str, target: str) -> None:
+        """Add `name` -> "module:attr" (tests and plugins; the tree uses `entries`)."""
+        self.entries[name] = target
+        self._loaded.pop(name, None)
+
+    def get(self, name: str) -> Any:
+        """The object registered as `name`, or at a "module:attr" path."""
+        if name in self._loaded:
+            return self._loaded[name]
+        target = self.entries.get(name, name)
+        if not isinstance(target, str):  # a record registered as itself
+            obj = target
+        else:
+            module, _, attr = target.partition(":")
+            if not module or not attr:
+                raise self._error(f"unknown {self.key} {name!r}; choose one of {self.names()} "
+                                  f"or give a 'module:{self.kind}' path"
+                                  f"{did_you_mean(name, self.entries)}")
+            try:
+                obj = getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError, SyntaxError) as e:
+                raise self._error(f"{self.key} {name!r}: cannot load {target}: "
+                                  f"{type(e).__name__}: {e}") from e
+        if self._check is not None:
+            try:
+                obj = self._check(name, obj)
+            except RegistryError:
+                raise
+            except (TypeError, ValueError) as e:
+                raise self._error(f"{self.key} {name!r}: {target}: {e}") from None
+        self._loaded[name] = obj
+        return obj
+
+    def able(self, ability: str, names: list[str] | None = None) -> list[str]:
+        """The registered names whose object's `abilities.<ability>` is true."""
+        return [n for n in (self.names() if names is None else names)
+                if getattr(self.get(n).abilities, ability)]
+
+
+def one_of(names: list[str]) -> str:
+    """"'a'", "'a' or 'b'", "'a', 'b' or 'c'"."""
+    quoted = [repr(n) for n in names]
+    if not quoted:
+        return "(none registered)"
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
