@@ -5,7 +5,7 @@ Public API (imported lazily so that `import traingym` stays cheap):
   Config, build_config                       typed config and presets
   Sample, Completion, Group, Batch, ...      records crossing seams (traingym.core.types)
   MultiTurnEnv, Reply, ToolTask              multi-turn and tool-use envs (pass as env=)
-  evaluate(model, ...) -> EvalResult         eval a model/checkpoint/endpoint (eval_run.py)
+  evaluate(model, ...) -> EvalResult         eval a model/checkpoint/endpoint (eval/run.py)
   compare_evals(a, b, ...)                   paired B - A over the same prompts
   open_run(run_dir) -> RunView, export(checkpoint, out)   runs as objects; HF export
 """
@@ -19,7 +19,7 @@ _LAZY = {
     "TrainResult": ("traingym.api", "TrainResult"),
     "Config": ("traingym.config.schema", "Config"),
     "build_config": ("traingym.config.load", "build_config"),
-    "ConfigError": ("traingym.config.schema", "ConfigError"),
+    "ConfigError": ("traingym.core.errors", "ConfigError"),
     "Sample": ("traingym.core.types", "Sample"),
     "Completion": ("traingym.core.types", "Completion"),
     "Group": ("traingym.core.types", "Group"),
@@ -31,10 +31,10 @@ _LAZY = {
     "Reply": ("traingym.envs.multi_turn", "Reply"),
     "ToolTask": ("traingym.envs.tools", "ToolTask"),
     "DatasetError": ("traingym.envs.datasets", "DatasetError"),
-    "evaluate": ("traingym.envs.evaluate", None),  # the module, callable (evaluate.py)
+    "evaluate": ("traingym.eval.run", "evaluate"),
     "EvalResult": ("traingym.eval.run", "EvalResult"),
     "compare_evals": ("traingym.eval.run", "compare"),
-    "open_run": ("traingym.runs.index", "open_run"),
+    "open_run": ("traingym.api", "open_run"),
     "export": ("traingym.eval.export", "export"),
 }
 
@@ -44,8 +44,7 @@ def __getattr__(name: str):
         import importlib
 
         module, attr = _LAZY[name]
-        mod = importlib.import_module(module)
-        return mod if attr is None else getattr(mod, attr)
+        return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'traingym' has no attribute {name!r}")
 
 

@@ -7,14 +7,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from traingym.config.load import build_config, run_config, validate
 from traingym.config.schema import Config
-from traingym.config.load import build_config, validate
-from traingym.envs.evaluate import Score
 from traingym.core import trace
-from traingym.observability import utilisation
-from traingym.loop.sync import train_loop
-from traingym.runs.preempt import Preemption
+from traingym.envs.evaluate import Score
 from traingym.loop.build import Run, build_run, eval_report
+from traingym.loop.sync import train_loop
+from traingym.observability import utilisation
+from traingym.runs import index
+from traingym.runs.index import RunView
+from traingym.runs.preempt import Preemption
 
 
 @dataclass
@@ -32,6 +34,11 @@ def _load_scores(path: Path) -> dict[str, Score] | None:
 
 def _save_scores(path: Path, scores: dict[str, Score]) -> None:
     path.write_text(json.dumps({k: vars(v) for k, v in scores.items()}))
+
+
+def open_run(run_dir: str | Path) -> RunView:
+    """A run directory as an object (runs/index.py), its `config` validated by this version."""
+    return index.open_run(run_dir, read_config=run_config)
 
 
 def default_run_dir(cfg: Config) -> Path:

@@ -45,7 +45,7 @@ def test_running_while_the_lock_is_held(copy_run):
     # another process holds it; killed, it leaves its record behind, and is not running
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from traingym import runlock; runlock.acquire(Path(sys.argv[1])); print('held', "
+         "from traingym.runs import lock as runlock; runlock.acquire(Path(sys.argv[1])); print('held', "
          "flush=True); time.sleep(120)", str(path)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

@@ -20,6 +20,9 @@ from traingym.config.schema import PRESETS, Config
 
 # Keys that moved: an old name's error names the new place (_unknown_key).
 from traingym.core.errors import ConfigError, closest, did_you_mean
+from traingym.models import presets
+from traingym.models.presets import preset_settings
+from traingym.rollout import registry as engines
 
 MOVED_KEYS: dict[str, str] = {
     **{f"{old}.{k}": f"algorithm.{k}" for old in ("async", "trainer")
@@ -158,15 +161,28 @@ def _unknown_key(loc: str, value: Any) -> str:
     return f"unknown {what} {loc!r}; valid keys {where}: {', '.join(siblings)}"
 
 
+def _check_preset_engine(data: dict, settings: dict) -> None:
+    """A preset's recommended engine must be registered, unless the user chose rollout.engine."""
+    engine = settings.get("rollout", {}).get("engine")
+    chosen = isinstance(data.get("rollout"), dict) and "engine" in data["rollout"]
+    if engine is None or chosen or engine in engines.names():
+        return
+    name = data["model"]["preset"]
+    raise ConfigError(f"model.preset={name!r} ({presets.get(name).params / 1e9:.2f}B "
+                      f"parameters) recommends rollout.engine={engine!r}, which this install "
+                      f"does not register (engines: {engines.names()}); set rollout.engine "
+                      "yourself, e.g. rollout.engine='torch'")
+
+
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
 def validate(data: dict) -> Config:
-    from traingym.models.presets import preset_settings
-
-    data = _merge(preset_settings(data), data)  # a model preset goes under the user's values
+    settings = preset_settings(data)
+    _check_preset_engine(data, settings)
+    data = _merge(settings, data)  # a model preset goes under the user's values
     try:
         return Config.model_validate(data)
     except ValidationError as e:
@@ -183,3 +199,45 @@ def validate(data: dict) -> Config:
             else:
                 problems.append(f"'{loc}': {msg} (got {_shown(err['input'])})")
         raise ConfigError("invalid config: " + "; ".join(problems)) from None
+
+
+RUN_CONFIG = "config.json"
+
+
+def run_config(run_dir: Path) -> Config:
+    """The run's Config from its config.json."""
+    return validate(run_config_data(run_dir))
+
+
+def run_config_data(run_dir: Path) -> dict:
+    """The run's config.json (the resolved config, every field written out) less the fields
+    equal to the defaults, so they validate as unset, as the run had them. A run written
+    before a key moved (config_load.MOVED_KEYS) has the value read at its new place."""
+    try:
+        data = json.loads((run_dir / RUN_CONFIG).read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{run_dir / RUN_CONFIG} is not valid JSON ({e.msg})") from None
+    return _non_default(_moved(data), Config().model_dump(mode="json"))
+
+
+def _moved(data: dict) -> dict:
+    data = json.loads(json.dumps(data))  # a copy
+    for old, new in MOVED_KEYS.items():
+        section, _, key = old.rpartition(".")
+        if isinstance(data.get(section), dict) and key in data[section]:
+            value = data[section].pop(key)
+            new_section, _, new_key = new.rpartition(".")
+            data.setdefault(new_section, {}).setdefault(new_key, value)
+    return data
+
+
+def _non_default(data: dict, default: dict) -> dict:
+    out = {}
+    for k, v in data.items():
+        if isinstance(v, dict) and isinstance(default.get(k), dict):
+            sub = _non_default(v, default[k])
+            if sub:
+                out[k] = sub
+        elif k not in default or default[k] != v:
+            out[k] = v
+    return out

@@ -8,18 +8,13 @@ pass@k (Chen et al. 2021, "Evaluating Large Language Models Trained on Code"): w
 a prompt of which c pass, the unbiased estimate of "at least one of k samples passes" is
 1 - C(n-c, k) / C(n, k), computed as a product of n-c+1..n terms (no huge binomials), averaged
 over prompts with the standard error over prompts. A sample passes when its reward reaches a
-threshold (eval_run.py: 1.0 by default, the built-in tasks' full score).
-
-`traingym.envs.evaluate` is this module and, called, the public eval entry point
-(`eval_run.evaluate`): the package's submodule and function share the name, so the module is
-made callable rather than shadowing one with the other.
+threshold (eval/run.py: 1.0 by default, the built-in tasks' full score). The public entry
+point `traingym.evaluate(model, ...)` is eval/run.py's `evaluate`, built on this.
 """
 
 from __future__ import annotations
 
 import math
-import sys
-import types
 from dataclasses import dataclass
 
 from traingym.envs.base import EnvFactory
@@ -144,15 +139,3 @@ def evaluate(engine, factory: EnvFactory, rows: list[dict], temperature: float,
 
 def as_dict(scores: dict[str, Score]) -> dict:
     return {k: v.summary() for k, v in scores.items()}
-
-
-class _CallableModule(types.ModuleType):
-    """`traingym.envs.evaluate(...)`: this module, called, runs eval_run.evaluate."""
-
-    def __call__(self, *args, **kwargs):
-        from traingym.eval.run import evaluate as run_eval
-
-        return run_eval(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -34,7 +34,7 @@ from traingym.config.schema import Config
 from traingym.core.errors import ConfigError
 from traingym.runs.index import is_run_dir  # noqa: F401 (re-exported)
 
-RUN_CONFIG = "config.json"
+from traingym.config.load import RUN_CONFIG, run_config, run_config_data  # noqa: F401
 
 
 @dataclass
@@ -48,49 +48,6 @@ class ModelSpec:
         return {"spec": self.text, "model_path": self.model_path,
                 "checkpoint": str(self.checkpoint) if self.checkpoint else None,
                 "run_dir": str(self.run_dir) if self.run_dir else None}
-
-
-def run_config(run_dir: Path) -> Config:
-    """The run's Config from its config.json."""
-    from traingym.config.load import validate
-
-    return validate(run_config_data(run_dir))
-
-
-def run_config_data(run_dir: Path) -> dict:
-    """The run's config.json (the resolved config, every field written out) less the fields
-    equal to the defaults, so they validate as unset, as the run had them. A run written
-    before a key moved (config_load.MOVED_KEYS) has the value read at its new place."""
-    try:
-        data = json.loads((run_dir / RUN_CONFIG).read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{run_dir / RUN_CONFIG} is not valid JSON ({e.msg})") from None
-    return _non_default(_moved(data), Config().model_dump(mode="json"))
-
-
-def _moved(data: dict) -> dict:
-    from traingym.config.load import MOVED_KEYS
-
-    data = json.loads(json.dumps(data))  # a copy
-    for old, new in MOVED_KEYS.items():
-        section, _, key = old.rpartition(".")
-        if isinstance(data.get(section), dict) and key in data[section]:
-            value = data[section].pop(key)
-            new_section, _, new_key = new.rpartition(".")
-            data.setdefault(new_section, {}).setdefault(new_key, value)
-    return data
-
-
-def _non_default(data: dict, default: dict) -> dict:
-    out = {}
-    for k, v in data.items():
-        if isinstance(v, dict) and isinstance(default.get(k), dict):
-            sub = _non_default(v, default[k])
-            if sub:
-                out[k] = sub
-        elif k not in default or default[k] != v:
-            out[k] = v
-    return out
 
 
 def resolve_spec(text: str | Path, other: ModelSpec | None = None) -> ModelSpec:

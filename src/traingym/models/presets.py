@@ -181,9 +181,8 @@ def get(name: str) -> ModelPreset:
 
 
 def preset_settings(data: dict) -> dict:
-    """The settings of the model preset a raw config (before validation) names, {} if none.
-    A recommended engine this install does not register is an error unless the user chose
-    rollout.engine themselves."""
+    """The settings of the model preset a raw config (before validation) names, {} if none
+    (config/load.py checks that a recommended engine is registered)."""
     model = data.get("model")
     name = model.get("preset") if isinstance(model, dict) else None
     if name is None:
@@ -193,17 +192,6 @@ def preset_settings(data: dict) -> dict:
 
         raise ConfigError(f"model.preset must be a preset name, got {name!r}")
     preset = get(name)
-    rollout = data.get("rollout")
-    if not (isinstance(rollout, dict) and "engine" in rollout):
-        from traingym.core.errors import ConfigError
-        from traingym.rollout import registry
-
-        if preset.engine not in registry.ENGINES:
-            raise ConfigError(
-                f"model.preset={name!r} ({preset.params / 1e9:.2f}B parameters) recommends "
-                f"rollout.engine={preset.engine!r}, which this install does not register "
-                f"(engines: {registry.names()}); set rollout.engine yourself, e.g. "
-                "rollout.engine='torch'")
     return preset.settings()
 
 

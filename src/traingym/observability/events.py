@@ -18,8 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from traingym.observability.schema import SCHEMA_VERSION
+from traingym.core.toolcalls import HermesParser, ToolCall
 from traingym.core.types import Group, Sample
+from traingym.observability.schema import SCHEMA_VERSION
 
 
 class RunLog:
@@ -95,8 +96,6 @@ def tool_calls(turns: list[dict[str, str]]) -> list[dict[str, Any]]:
     """Hermes-format tool calls in the policy turns, numbered by policy turn (1-based)."""
     if not any("<tool_call>" in t["text"] for t in turns):
         return []
-    from traingym.envs.tools import HermesParser, ToolCall
-
     out, n = [], 0
     for t in turns:
         if t["role"] != "policy":

@@ -69,8 +69,8 @@ def committed(root: Path) -> list[Path]:
 
 
 class RunView:
-    def __init__(self, run_dir: str | Path):
-        self.path = Path(run_dir)
+    def __init__(self, run_dir: str | Path, read_config=None):
+        self.path, self._read_config = Path(run_dir), read_config
         if not is_run_dir(self.path):
             raise FileNotFoundError(f"{self.path} is not a run directory (no traingym "
                                     "config.json); give a folder `traingym train` wrote")
@@ -84,10 +84,12 @@ class RunView:
 
     @cached_property
     def config(self):
-        """The run's Config (validated as this version of traingym reads it)."""
-        from traingym.eval.specs import run_config
-
-        return run_config(self.path)
+        """The run's Config, validated as this version of traingym reads it (needs the
+        `read_config` that `traingym.open_run` passes; runs/ sits below the config layer)."""
+        if self._read_config is None:
+            raise TypeError("this RunView was made without a config reader: use "
+                            "traingym.open_run(run_dir), or read `config_dict`")
+        return self._read_config(self.path)
 
     @property
     def events(self) -> list[dict]:
@@ -196,8 +198,8 @@ def _flock_probe(path: Path) -> bool:
         os.close(fd)
 
 
-def open_run(run_dir: str | Path) -> RunView:
-    return RunView(run_dir)
+def open_run(run_dir: str | Path, read_config=None) -> RunView:
+    return RunView(run_dir, read_config)
 
 
 def find_runs(root: str | Path) -> list[RunView]:
