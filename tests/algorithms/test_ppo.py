@@ -30,7 +30,8 @@ def _t(*rows):
 
 
 def _ppo(**knobs):
-    return PPO(dataclasses.replace(PPO.resolve(None, 4), **knobs))
+    own = {k: knobs.pop(k) for k in list(knobs) if k in PPO.Options.model_fields}
+    return PPO(dataclasses.replace(PPO.resolve(None, 4), **knobs), PPO.Options(**own))
 
 
 # -- GAE by hand -------------------------------------------------------------------------------
@@ -184,7 +185,7 @@ def test_config_refusals_name_the_fix():
 
     assert cfg(algorithm={"name": "ppo", "lam": 0.9}).algorithm.lam == 0.9
     assert registry.get("ppo") is PPO
-    with pytest.raises(ConfigError, match="apply only to an algorithm with a value head"):
+    with pytest.raises(ConfigError, match=r"applies only to an algorithm that has that option \(ppo\)"):
         cfg(algorithm={"name": "grpo", "vf_coef": 0.5})
     with pytest.raises(ConfigError, match="set trainer.data_parallel = 1"):
         cfg(algorithm={"name": "ppo"}, trainer={"data_parallel": 2})

@@ -41,8 +41,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import torch
+from pydantic import BaseModel
 
 from traingym.algorithms.losses import kl_estimate
+from traingym.core.errors import Strict
 from traingym.core.types import Batch, Group
 
 BASE_DEFAULTS = {"normalize_std": False, "clip_low": 0.2, "clip_high": 0.28,
@@ -63,12 +65,6 @@ class Knobs:
     overlong_filter: bool = False
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
-    gamma: float = 1.0  # value algorithms (ppo): GAE discount
-    lam: float = 0.95  # GAE lambda
-    vf_coef: float = 0.1  # weight of the value loss
-    value_clip: float = 0.2  # value clip around the old value (0: off)
-    whiten_advantages: bool = True
-    value_lr_scale: float = 1.0  # the value head's lr = trainer.lr x this
     max_new_tokens: int = 8  # rollout.max_new_tokens: the length limit of the overlong rules
 
 
@@ -76,7 +72,10 @@ class Algorithm:
     """GRPO's behaviour, the default every algorithm overrides in part."""
 
     name = "grpo"
-    DEFAULTS: dict = {}
+    DEFAULTS: dict = {}  # this algorithm's defaults for the shared knobs left at None
+
+    class Options(Strict):
+        """The algorithm's own knobs (`algorithm.<key>`); GRPO has none."""
     drop_equal_groups = True  # group-relative: all-equal rewards carry no signal
     needs_values = False  # a value head (algorithms/ppo.py)
 
@@ -85,8 +84,9 @@ class Algorithm:
         """Refuse a config this algorithm cannot run (ValueError naming the fix)."""
         return None
 
-    def __init__(self, knobs: Knobs | None = None):
+    def __init__(self, knobs: Knobs | None = None, options: BaseModel | None = None):
         self.knobs = knobs or self.resolve()
+        self.options = options if options is not None else self.Options()
 
     @classmethod
     def resolve(cls, section=None, max_new_tokens: int = 8) -> Knobs:
@@ -104,8 +104,17 @@ class Algorithm:
         return Knobs(**values)
 
     @classmethod
+    def from_section(cls, section, max_new_tokens: int) -> Algorithm:
+        """From the `algorithm` section and rollout.max_new_tokens (the overlong rules)."""
+        return cls(cls.resolve(section, max_new_tokens), cls.Options(**(section.model_extra or {})))
+
+    @classmethod
     def from_config(cls, cfg) -> Algorithm:
-        return cls(cls.resolve(cfg.algorithm, cfg.rollout.max_new_tokens))
+        return cls.from_section(cfg.algorithm, cfg.rollout.max_new_tokens)
+
+    def metrics(self, batch: Batch) -> dict[str, float]:
+        """Figures of this algorithm about a built batch, added to the step's record."""
+        return {}
 
     # -- what the trainer provides ------------------------------------------------------------
     @property

@@ -3,21 +3,25 @@
 A knob left at None takes the chosen algorithm's own default (each algorithm file's
 `DEFAULTS`; algorithms/base.py resolves them into `Knobs`), so `algorithm.name = "gspo"`
 alone gives GSPO's clip range, and `"dapo"` alone its dynamic sampling and overlong shaping.
-These keys lived under `trainer.*` before; the old names fail with an error naming the new
-place (config_load.py: MOVED_KEYS).
+An algorithm's own knobs (PPO's gamma, lam, ...) are declared in its file (`Options`) and
+set as `algorithm.<key>` like the shared ones.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-VALUE_KEYS = {"gamma", "lam", "vf_coef", "value_clip", "whiten_advantages", "value_lr_scale"}
+from traingym.algorithms import registry
+from traingym.core.errors import did_you_mean
 
 
 class AlgorithmConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """The knobs every algorithm shares; any other key is one of the chosen algorithm's own
+    options (its `Options` model, in its file), checked against it here."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
 
     name: str = Field("grpo", description="the RL algorithm (algorithms/registry.py): grpo, "
                       "dr_grpo, dapo, gspo, cispo, rloo, reinforce_pp, ppo, or a 'module:Class' "
@@ -60,23 +64,9 @@ class AlgorithmConfig(BaseModel):
                                                    "one ratio per sequence (product over tokens)")
     is_cap: float = Field(2.0, ge=1.0, description="tis: weights are cut to this; mis: tokens "
                           "(or sequences) with a weight above it get weight 0")
-    # value algorithms (ppo: a value head and GAE, algorithms/ppo.py); refused with others
-    gamma: float = Field(1.0, ge=0, le=1, description="ppo: GAE discount per policy token")
-    lam: float = Field(0.95, ge=0, le=1, description="ppo: GAE lambda (1: returns minus "
-                       "values; 0: one-step TD errors)")
-    vf_coef: float = Field(0.1, ge=0, description="ppo: weight of the value loss in the loss")
-    value_clip: float = Field(0.2, ge=0, description="ppo: the value is clipped to old value "
-                              "+- this in the value loss (0: no clip)")
-    whiten_advantages: bool = Field(True, description="ppo: advantages normalised to mean 0, "
-                                    "std 1 over the batch's policy tokens")
-    value_lr_scale: float = Field(1.0, gt=0, description="ppo: the value head's learning rate "
-                                  "is trainer.lr times this")
-
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        from traingym.algorithms import registry
-
         registry.get(v)  # UnknownAlgorithm (a ValueError) names the choices
         return v
 
@@ -85,13 +75,27 @@ class AlgorithmConfig(BaseModel):
         if self.kl_coef == 0 and {"kl_estimator", "kl_in"} & self.model_fields_set:
             raise ValueError("algorithm.kl_estimator and kl_in apply only with "
                              "algorithm.kl_coef > 0")
-        value_keys = sorted(VALUE_KEYS & self.model_fields_set)
-        if value_keys:
-            from traingym.algorithms import registry
-
-            if not registry.get(self.name).needs_values:
-                raise ValueError(f"algorithm.{', '.join(value_keys)} apply only to an "
-                                 f"algorithm with a value head (ppo), not {self.name!r}")
+        _own_options(self.name, dict(self.model_extra or {}))
         if "max_sample_rounds" in self.model_fields_set and self.dynamic_sampling is False:
             raise ValueError("algorithm.max_sample_rounds applies only with dynamic_sampling")
         return self
+
+
+def _own_options(name: str, given: dict) -> None:
+    """Keys outside the shared knobs must be options of algorithm `name` (its `Options`)."""
+    options = registry.get(name).Options
+    for key in given:
+        if key not in options.model_fields:
+            owners = [n for n in registry.names() if key in registry.get(n).Options.model_fields]
+            if owners:
+                raise ValueError(f"algorithm.{key} applies only to an algorithm that has that "
+                                 f"option ({', '.join(owners)}), not {name!r}")
+            known = sorted(set(AlgorithmConfig.model_fields) | set(options.model_fields))
+            raise ValueError(f"unknown key 'algorithm.{key}'{did_you_mean(key, known)} "
+                             f"(keys of algorithm {name!r}: {', '.join(known)})")
+    try:
+        options(**given)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ValueError(f"algorithm.{err['loc'][0]}: {err['msg']} (got {err['input']!r:.60})"
+                         ) from None

@@ -36,8 +36,10 @@ whole batch in one process), lora.rank > 0 and distill.teacher (not covered).
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 
 from traingym.algorithms.base import Algorithm
+from traingym.core.errors import Strict
 
 
 def gae(rewards_B_T: torch.Tensor, values_B_T: torch.Tensor, mask_B_T: torch.Tensor,
@@ -86,6 +88,18 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float | N
 class PPO(Algorithm):
     name = "ppo"
     DEFAULTS = {"clip_low": 0.2, "clip_high": 0.2}
+
+    class Options(Strict):
+        gamma: float = Field(1.0, ge=0, le=1, description="GAE discount per policy token")
+        lam: float = Field(0.95, ge=0, le=1, description="GAE lambda (1: returns minus values; "
+                           "0: one-step TD errors)")
+        vf_coef: float = Field(0.1, ge=0, description="weight of the value loss in the loss")
+        value_clip: float = Field(0.2, ge=0, description="the value is clipped to old value +- "
+                                  "this in the value loss (0: no clip)")
+        whiten_advantages: bool = Field(True, description="advantages normalised to mean 0, "
+                                        "std 1 over the batch's policy tokens")
+        value_lr_scale: float = Field(1.0, gt=0, description="the value head's learning rate is "
+                                      "trainer.lr times this")
     drop_equal_groups = False  # the value is the baseline: groups carry no special meaning
     needs_values = True
 
@@ -114,23 +128,23 @@ class PPO(Algorithm):
         """parts: per micro-batch (reward_B, kl_B_T, values_B_T, mask_B_T) -> (advantages_B_T,
         returns_B_T) per micro-batch: GAE over each sample's policy tokens, then (optionally)
         advantages whitened over every policy token of the batch."""
-        k = self.knobs
+        k, o = self.knobs, self.options
         advs, rets = [], []
         for reward_B, kl_B_T, values_B_T, mask_B_T in parts:
             r_B_T = -k.kl_coef * kl_B_T * mask_B_T
             last = last_index(mask_B_T)
             r_B_T[torch.arange(len(last)), last] += reward_B.to(r_B_T.dtype)
-            adv, ret = gae(r_B_T, values_B_T * mask_B_T, mask_B_T, k.gamma, k.lam)
+            adv, ret = gae(r_B_T, values_B_T * mask_B_T, mask_B_T, o.gamma, o.lam)
             advs.append(adv)
             rets.append(ret)
-        if k.whiten_advantages:
+        if o.whiten_advantages:
             flat = torch.cat([a[m > 0] for a, (_, _, _, m) in zip(advs, parts)])
             mean, std = flat.mean(), flat.std(unbiased=False)
             advs = [(a - mean) / (std + 1e-8) * (m > 0) for a, (_, _, _, m) in zip(advs, parts)]
         return advs, rets
 
     def value_loss(self, values_B_T, old_values_B_T, returns_B_T):
-        return clipped_value_loss(values_B_T, old_values_B_T, returns_B_T, self.knobs.value_clip)
+        return clipped_value_loss(values_B_T, old_values_B_T, returns_B_T, self.options.value_clip)
 
 
 def last_index(mask_B_T: torch.Tensor) -> torch.Tensor:

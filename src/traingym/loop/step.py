@@ -1,4 +1,4 @@
-"""One training step, shared by the sync loop (loop.py) and the async loop (async_loop.py):
+"""One training step, shared by the sync loop (sync.py) and the async loop (async_loop.py):
 groups -> batch (the run's algorithm) -> train -> publish -> checkpoint -> metrics -> log.
 
 The loops differ only in where groups come from and where weights go, passed in as
@@ -86,6 +86,7 @@ def run_step(run, step: int, take: Callable, publish: Callable, algorithm=None,
         metrics = {k: v for k, v in metrics.items() if not k.startswith("sync_")}
         metrics.update(sync)
     metrics.update(info)
+    metrics.update(algorithm.metrics(batch))  # the algorithm's own figures (its file)
     if algorithm.wants_more:
         metrics["sample_rounds"] = rounds
     if extend:
