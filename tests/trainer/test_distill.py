@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import traingym
-from traingym.algorithms.distill import distill_advantages, load_teacher
+from traingym.algorithms.distill import distill_advantages
+from traingym.trainer.teacher import load_teacher
 
 
 def test_advantages_by_hand():

@@ -1,5 +1,5 @@
 """On-policy distillation with the teacher behind the engine seam (distill.teacher_engine,
-algorithms/distill.py): the built-in engine as the teacher trains exactly as the local teacher
+trainer/teacher.py): the built-in engine as the teacher trains exactly as the local teacher
 (same per-step kl and loss within 1e-5 on the same seeds), and the student moves towards the
 teacher (the exact reverse KL(student || teacher), summed over the vocabulary, on fixed
 contexts, drops); config errors name the problem and the engines that can teach. vLLM and
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import traingym
-from traingym.algorithms.distill import load_teacher
+from traingym.trainer.teacher import load_teacher
 from traingym.core.errors import ConfigError
 from traingym.observability.events import read_events
 

@@ -37,7 +37,7 @@ from traingym.runs import checkpoint
 from traingym.core.errors import ConfigError
 from traingym.models.loader import load_policy
 from traingym.observability.events import read_events
-from traingym.trainer.build import build_trainer
+from traingym.loop.trainer import build_trainer
 from traingym.trainer.distributed import DistributedTrainer, TrainerRankError
 from traingym.trainer.torch_trainer import TorchTrainer
 from traingym.weights.colocated import wire_state
@@ -208,5 +208,6 @@ def test_a_driver_that_holds_a_process_group_is_refused(tiny, monkeypatch):
     model, pad = tiny
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     with pytest.raises(RuntimeError, match="already holds a torch.distributed default group"):
-        DistributedTrainer(model, _cfg(data_parallel=2), pad)
+        cfg = _cfg(data_parallel=2)
+        DistributedTrainer(model, cfg.trainer, cfg.cluster, cfg.rollout.temperature, pad)
 

@@ -30,7 +30,7 @@ from traingym.algorithms.importance import ImportanceSpec
 from traingym.models.loader import load_policy
 from traingym.observability.events import read_events
 from traingym.rollout import registry
-from traingym.trainer.build import build_trainer
+from traingym.loop.trainer import build_trainer
 from traingym.trainer.torch_trainer import TorchTrainer
 
 KEYS = ("mismatch_abs_logp", "mismatch_kl_k3")

@@ -66,7 +66,7 @@ def test_sft_then_rl_in_one_run_and_resume_across_the_boundary(tmp_path):
     # stopped after the SFT phase (steps=1 would run one RL step: stop in the phase instead)
     split = tmp_path / "r"
     cfg = _cfg(data, 2)
-    import traingym.trainer.sft as sft_mod
+    import traingym.loop.sft as sft_mod
 
     real = sft_mod.total_steps
     try:  # a run whose SFT phase is cut after 3 steps (its checkpoint), then resumed

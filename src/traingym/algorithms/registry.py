@@ -54,7 +54,7 @@ def build(cfg):
     """The run's algorithm, its knobs resolved from `cfg.algorithm` and rollout.max_new_tokens."""
     cls = get(cfg.algorithm.name)
     if cfg.distill.teacher is not None:  # the teacher scores every group (algorithms/distill.py)
-        from traingym.algorithms.distill import keeping_all_groups
+        from traingym.algorithms.distill import distilling
 
-        cls = keeping_all_groups(cls)
+        cls = distilling(cls, cfg.distill.coef, cfg.distill.reward_coef)
     return cls.from_config(cfg)

@@ -44,7 +44,7 @@ from traingym.envs.runner import EpisodeLimits, RolloutRunner
 from traingym.rollout.base import RolloutEngine
 from traingym.rollout.registry import build_engine, check_engine
 from traingym.trainer.base import Trainer
-from traingym.trainer.build import build_trainer
+from traingym.loop.trainer import build_trainer
 from traingym.core.types import SamplingParams
 from traingym.weights.colocated import ColocatedSync
 
@@ -281,7 +281,7 @@ def _build_run(cfg: Config, run_dir: Path, resume: bool, inputs: Inputs,
 
 
 def _assemble(cfg, run_dir, resume, inputs, progress, model, tok, engine) -> tuple[Run, int]:
-    trainer = build_trainer(cfg, model, tok.pad_token_id)  # trainer/build.py
+    trainer = build_trainer(cfg, model, tok.pad_token_id)  # loop/trainer.py
     try:
         return _wire(cfg, run_dir, resume, inputs, progress, tok, engine, trainer)
     except BaseException:

@@ -46,10 +46,9 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from traingym.algorithms import registry
 from traingym.algorithms.importance import ImportanceSpec
-from traingym.config.schema import Config
 from traingym.core import trace
+from traingym.trainer.config import TrainerConfig
 from traingym.trainer.rank import (Rank, RankSpec, build_replica, fqn_optimizer_state,
                                    indexed_optimizer_state, manifest, tied_names,
                                    trainable_names)
@@ -86,8 +85,19 @@ def _is_comm_error(err: BaseException) -> bool:
 
 
 class DistributedTrainer:
-    def __init__(self, model, cfg: Config, pad_token_id: int):
-        t = cfg.trainer
+    def __init__(self, model, trainer: TrainerConfig, cluster,
+                 temperature: float, pad_token_id: int, importance: ImportanceSpec | None = None,
+                 algorithm=None, threads: int = 0):
+        """The sections it reads: `trainer`, `cluster` (the cluster section: where the ranks
+        run; only its `type` and, on Ray, the Ray settings are read), the rollout
+        `temperature`, `threads` (0: cores / W locally, 1 on Ray); `importance` (None: no
+        correction) and `algorithm` (None: GRPO with its defaults) as TorchTrainer takes
+        them; each rank gets them through its RankSpec."""
+        t = trainer
+        if algorithm is None:
+            from traingym.algorithms.grpo import GRPO
+
+            algorithm = GRPO()
         if dist.is_initialized():
             raise RuntimeError("trainer.data_parallel > 1: this process already holds a "
                                "torch.distributed default group; the trainer needs its own")
@@ -97,16 +107,16 @@ class DistributedTrainer:
         self.cfg, self.world, self.parallelism = t, t.data_parallel, t.parallelism
         self.closed, self._handed = False, None
         self.ties = tied_names(model)  # FSDP2's gathered state unties them; export re-ties
-        if cfg.cluster.type == "ray":
+        if cluster.type == "ray":
             from traingym.trainer.ray_ranks import RayPlacement  # late: local never imports ray
 
-            self.placement = RayPlacement(cfg.cluster, t.dist_timeout_s)
-            threads = cfg.threads or 1
+            self.placement = RayPlacement(cluster, t.dist_timeout_s)
+            threads = threads or 1
         else:
             from traingym.trainer.local_ranks import LocalPlacement
 
             self.placement = LocalPlacement()
-            threads = cfg.threads or max(1, (os.cpu_count() or 1) // self.world)
+            threads = threads or max(1, (os.cpu_count() or 1) // self.world)
         self.handles = []
         try:
             store = dist.TCPStore(self.placement.host, 0, self.world, is_master=True,
@@ -114,10 +124,10 @@ class DistributedTrainer:
                                   wait_for_workers=False)
             self.spec = RankSpec(
                 self.world, self.placement.host, store.port, t.parallelism, t.dist_timeout_s,
-                t, cfg.rollout.temperature, pad_token_id,
-                ImportanceSpec.from_config(cfg), type(model), model.config,
+                t, temperature, pad_token_id,
+                importance, type(model), model.config,
                 manifest(model), [n for n, p in model.named_parameters() if not p.requires_grad],
-                threads, registry.build(cfg), trace.enabled(), trace.shard_dir(),
+                threads, algorithm, trace.enabled(), trace.shard_dir(),
                 self.placement.driver_node)
             self.handles = self.placement.start(self.spec)
             self._finalizer = weakref.finalize(self, _kill, list(self.handles),

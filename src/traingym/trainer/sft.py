@@ -1,5 +1,6 @@
-"""Supervised fine-tuning on chat data as a warm start before the RL steps, in the same
-trainer, run directory and checkpoint format.
+"""Supervised fine-tuning on chat data, the trainer's side: rows and their assistant masks,
+the loss, one step (`sft_step`). The phase around it (schedule, checkpoints, resume, the
+weight sync) is loop/sft.py's.
 
 Data: a JSONL file of {"messages": [{"role", "content"}, ...]} rows or a local `datasets`
 folder (`sft.data`). Each conversation is rendered with the tokenizer's chat template and the
@@ -10,27 +11,12 @@ messages[:i + 1] (so the assistant header is context and the end-of-turn token, 
 model must learn to emit, is a target). A template whose renderings are not prefixes of each
 other is refused with its name.
 
-The phase (`sft_phase`) runs `sft.steps` optimizer steps (or `sft.epochs` passes) of
-`sft.batch_size` conversations, in a seeded order, with the trainer's model and optimizer
-(AdamW, its learning rate set to `sft.lr` for the phase and restored after; its moment
-estimates carry over into RL), logging `{"phase": "sft", "step": 0, "sft_step": k, ...}`
-records to events.jsonl. Checkpoints of the phase are ordinary checkpoints at step 0 whose
-state holds `phase: "sft"` and `sft_step`, so `--resume` continues the phase where it stopped
-and a checkpoint of an RL step (which follows the phase) skips it. At the end of the phase the
-weight sync is restarted (a new anchor, version 0) so the engine serves the SFT weights before
-the first RL step, and the held-out set is evaluated (`eval_after_sft.json`) when the run has one.
-Not covered: packing several conversations per row, SFT in async mode or with data-parallel
-ranks, multi-modal messages.
+Not covered: packing several conversations per row, multi-modal messages.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import random
-import time
-
-import torch
 
 from traingym.envs.datasets import DatasetError, load_rows
 from traingym.core.padding import right_pad
@@ -85,11 +71,6 @@ def sft_loss(model, rows: list[tuple[list[int], list[int]]], pad_id: int):
     return -(logp * m).sum(), int(m.sum())
 
 
-def total_steps(cfg, n_rows: int) -> int:
-    s = cfg.sft
-    return s.steps or max(1, math.ceil(s.epochs * n_rows / s.batch_size))
-
-
 def batch_rows(n_rows: int, seed: int, step: int, size: int) -> list[int]:
     """Row indices of SFT step `step`: a fresh seeded permutation per epoch."""
     out = []
@@ -101,71 +82,11 @@ def batch_rows(n_rows: int, seed: int, step: int, size: int) -> list[int]:
     return out
 
 
-def sft_phase(run) -> dict | None:
-    """Run (or finish, on resume) the SFT phase; returns its last record (None: skipped)."""
-    from traingym.runs import checkpoint
-
-    cfg, trainer = run.cfg, run.trainer
-    if cfg.sft.data is None:
-        return None
-    chats = load_chats(cfg.sft.data)
-    total = total_steps(cfg, len(chats))
-    state = run.resumed or {}
-    done = state.get("sft_step", 0) if state.get("phase") == "sft" else (total if state else 0)
-    if done >= total:
-        return None
-    _drop_sft_records(run.log.events_path, done)
-    encoded = [assistant_mask(run.tokenizer, c) for c in chats]
-    groups = trainer.optimizer.param_groups
-    record = None
-    try:
-        for g in groups:
-            g["lr"] = cfg.sft.lr
-        for k in range(done, total):
-            t0 = time.monotonic()
-            rows = [encoded[i] for i in batch_rows(len(chats), cfg.seed, k, cfg.sft.batch_size)]
-            trainer.optimizer.zero_grad(set_to_none=True)
-            loss_sum, n_tok = sft_loss(trainer.model, rows, run.tokenizer.pad_token_id)
-            (loss_sum / max(n_tok, 1)).backward()
-            grad_norm = trainer.clip_and_step()
-            record = {"phase": "sft", "step": 0, "sft_step": k + 1, "sft_steps": total,
-                      "loss": float(loss_sum.detach()) / max(n_tok, 1), "trained_tokens": n_tok,
-                      "grad_norm": grad_norm, "lr": cfg.sft.lr,
-                      "seconds_step": time.monotonic() - t0}
-            every = cfg.sft.checkpoint_every
-            if k + 1 == total or (every and (k + 1) % every == 0):
-                checkpoint.save(run.run_dir / "checkpoints", 0, trainer.model, trainer.optimizer,
-                                {"data_position": 0, "phase": "sft", "sft_step": k + 1},
-                                keep=cfg.checkpoint.keep,
-                                extra=checkpoint.extra_modules(trainer))
-            run.log.event(record)
-    finally:
-        for g in groups:  # not the loaded values: a checkpoint of the phase holds sft.lr
-            g["lr"] = cfg.trainer.lr * g.get("lr_scale", 1.0)  # a value head's group: scaled
-    _restart_sync(run)
-    if run.inputs.eval_rows and cfg.eval.num_prompts > 0:
-        scores = run.evaluate()
-        (run.run_dir / "eval_after_sft.json").write_text(
-            json.dumps({k: vars(v) for k, v in scores.items()}))
-        record["eval_after_sft"] = {k: v.mean for k, v in scores.items()}
-    return record
-
-
-def _restart_sync(run) -> None:
-    """A new publisher chain (an anchor at version 0) carrying the SFT weights to the engine."""
-    from traingym.core.precision import engine_dtype
-    from traingym.weights.colocated import ColocatedSync
-
-    run.weights.close()
-    run.weights = ColocatedSync(run.engine, run.cfg.weights,
-                                engine_dtype(run.cfg.model.engine_dtype), run.run_dir / "weights")
-    run.weights.publish(run.trainer.export(), version=0)
-
-
-def _drop_sft_records(path, done: int) -> None:
-    """On resume inside the phase: drop SFT records after the checkpoint (they are redone)."""
-    if not path.exists():
-        return
-    keep = [ln for ln in path.read_text().splitlines() if ln.strip()
-            and json.loads(ln).get("sft_step", 0) <= done]
-    path.write_text("".join(ln + "\n" for ln in keep))
+def sft_step(trainer, rows: list[tuple[list[int], list[int]]], pad_id: int):
+    """One optimizer step of `trainer` (its model, optimizer, clipping) on `rows`; returns
+    (the token-level mean loss, the target tokens, the gradient norm before clipping)."""
+    trainer.optimizer.zero_grad(set_to_none=True)
+    loss_sum, n_tok = sft_loss(trainer.model, rows, pad_id)
+    (loss_sum / max(n_tok, 1)).backward()
+    grad_norm = trainer.clip_and_step()
+    return float(loss_sum.detach()) / max(n_tok, 1), n_tok, grad_norm

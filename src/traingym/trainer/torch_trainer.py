@@ -44,6 +44,11 @@ model's gradients, saved in checkpoints (`extra_modules`) and never exported. It
 `value_loss`, `value_clip_frac` (per policy token), `value_mean`, `value_return_mean`,
 `value_explained_var` (over the batch's policy tokens, before the update).
 
+An algorithm with `needs_teacher` (on-policy distillation, algorithms/distill.py) gets the
+teacher's log-probs (`teacher`, trainer/teacher.py), asked once per batch before its
+micro-batches, through `teacher_advantages`; `kl` is then the mean of log p_trainer - log
+p_teacher over policy tokens.
+
 A batch in which every group was dropped (all rewards equal within each group) has nothing to
 learn from: the step makes no optimizer update but still counts as a step, and its
 events.jsonl record shows `groups_kept: 0` and `trained_tokens: 0`.
@@ -69,15 +74,20 @@ from traingym.core.types import Batch
 
 class TorchTrainer:
     def __init__(self, model, cfg: TrainerConfig, temperature: float, pad_token_id: int,
-                 importance=None, wrap=None, algorithm=None):
+                 importance=None, wrap=None, algorithm=None, teacher=None):
         """`wrap` (trainer/rank.py: DDP or FSDP2) is applied after the KL reference is copied
         and before the optimizer is built; forward passes go through what it returns.
-        `algorithm`: an algorithms/base.py Algorithm (None: GRPO with its defaults)."""
+        `algorithm`: an algorithms/base.py Algorithm (None: GRPO with its defaults).
+        `teacher`: a trainer/teacher.py teacher, for an algorithm with `needs_teacher`."""
         if algorithm is None:
             from traingym.algorithms.grpo import GRPO
 
             algorithm = GRPO()
+        if getattr(algorithm, "needs_teacher", False) and teacher is None:
+            raise ValueError(f"algorithm {type(algorithm).__name__} needs a teacher "
+                             "(distill.teacher) and none was given")
         self.algorithm = algorithm
+        self.teacher = teacher
         self.model = model.train()
         self.cfg = cfg
         self.temperature = temperature
@@ -102,7 +112,8 @@ class TorchTrainer:
         self.extra_modules = ({"value_head": self.value_head} if self.value_head is not None
                               else {})
         self.optimizer = make_optimizer(model, cfg, self.value_head,
-                                        algorithm.knobs.value_lr_scale)
+                                        algorithm.options.value_lr_scale
+                                        if self.value_head is not None else 1.0)
 
     def _autocast(self):
         device = next(self.model.parameters()).device.type
@@ -138,6 +149,9 @@ class TorchTrainer:
         if self.reference is not None:  # once per batch, before its micro-batches
             with trace.span("reference_logprobs", cat="trainer"):
                 refs = [self._no_grad_logp(self.reference, r) for r in rows]
+        teacher = None
+        if getattr(algo, "needs_teacher", False):  # once per batch, before its micro-batches
+            teacher = self.teacher.logprobs(self, groups, chunks, rows)
         targets, token_adv, extra = None, None, {}
         if self.value_head is not None:  # V_old, GAE: once per batch, before the update
             from traingym.trainer.value_head import value_targets
@@ -154,10 +168,12 @@ class TorchTrainer:
             with self._autocast(), trace.span("forward", cat="trainer", micro=n):
                 out = self.logprobs(self.forward_model, *rows[n], **extra)
             mask = out.mask_B_T  # policy tokens only
-            adv_B_T = (token_adv[n] if token_adv is not None else torch.tensor(
-                [a for adv in advantages for a in adv], dtype=torch.float32,
-                device=out.logp_B_T.device)[:, None])
+            adv_B = torch.tensor([a for adv in advantages for a in adv], dtype=torch.float32,
+                                 device=out.logp_B_T.device)
+            adv_B_T = token_adv[n] if token_adv is not None else adv_B[:, None]
             trainer_B_T = out.logp_B_T.detach().float()
+            if teacher is not None:
+                adv_B_T = algo.teacher_advantages(trainer_B_T, teacher[n], adv_B, mask)
             engine_B_T = engine_logprobs(chunk, trainer_B_T)
             sums = mismatch_sums(trainer_B_T, engine_B_T, mask)
             weight_B_T = self._importance(trainer_B_T, engine_B_T, mask, sums)
@@ -170,10 +186,12 @@ class TorchTrainer:
                 kl_B_T = algo.kl(out.logp_B_T, refs[n])
                 if knobs.kl_in == "loss":
                     loss_B_T = loss_B_T + knobs.kl_coef * kl_B_T
+            if teacher is not None:  # reported only: k1 of KL(trainer || teacher)
+                kl_B_T = trainer_B_T - teacher[n]
             if knobs.entropy_coef > 0:
                 loss_B_T = loss_B_T - knobs.entropy_coef * out.entropy_B_T
             if targets is not None:
-                loss_B_T = loss_B_T + knobs.vf_coef * self._value_loss(out, targets, n, stats,
+                loss_B_T = loss_B_T + algo.options.vf_coef * self._value_loss(out, targets, n, stats,
                                                                        total_tokens)
             for k, v in sums.items():
                 stats[k] = stats.get(k, 0.0) + v / total_tokens
@@ -250,8 +268,9 @@ class TorchTrainer:
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def close(self) -> None:
-        """Nothing to release: one process."""
-        return None
+        """Closes the teacher, if any (an engine may own a process); idempotent."""
+        if self.teacher is not None:
+            self.teacher.close()
 
 
 def make_optimizer(model, cfg: TrainerConfig, value_head=None,

@@ -1,0 +1,45 @@
+"""The run's trainer from its whole config: the composition step, so the trainer layer takes
+only the sections it reads.
+
+One process (trainer/torch_trainer.py TorchTrainer, or LoraTrainer with `lora.rank > 0`), or
+data-parallel ranks (trainer/distributed.py DistributedTrainer) with `trainer.data_parallel >
+1`; either applies the importance correction that `algorithm.is_correction` resolves to
+(algorithms/importance.py ImportanceSpec) and the run's algorithm (`algorithm.name`,
+algorithms/registry.py). With `distill.teacher` the algorithm distils (algorithms/distill.py)
+and the trainer gets the teacher (trainer/teacher.py); the distillation step takes no
+importance correction.
+"""
+
+from __future__ import annotations
+
+from traingym.config.schema import Config
+
+
+def build_trainer(cfg: Config, model, pad_token_id: int):
+    from traingym.algorithms import registry
+    from traingym.algorithms.importance import ImportanceSpec
+
+    algorithm = registry.build(cfg)
+    importance = ImportanceSpec.from_config(cfg)
+    if cfg.trainer.data_parallel > 1:
+        from traingym.trainer.distributed import DistributedTrainer
+
+        return DistributedTrainer(model, cfg.trainer, cfg.cluster, cfg.rollout.temperature,
+                                  pad_token_id, importance=importance, algorithm=algorithm,
+                                  threads=cfg.threads)
+    from traingym.trainer.torch_trainer import TorchTrainer
+
+    cls, extra = TorchTrainer, {}
+    if cfg.lora.rank > 0:  # adapters only (trainer/lora.py)
+        from traingym.trainer.lora import LoraTrainer
+
+        cls, extra = LoraTrainer, {"lora": cfg.lora}
+    if cfg.distill.teacher is not None:  # on-policy distillation (algorithms/distill.py)
+        from traingym.trainer.teacher import build_teacher
+
+        importance = None
+        extra["teacher"] = build_teacher(cfg.distill, cfg.model.path, model.config.vocab_size,
+                                         cfg.seed, cfg.model.engine_dtype,
+                                         cfg.rollout.max_batch_rows)
+    return cls(model, cfg.trainer, cfg.rollout.temperature, pad_token_id,
+               importance=importance, algorithm=algorithm, **extra)
