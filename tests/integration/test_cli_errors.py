@@ -101,7 +101,7 @@ CASES = [  # (id, argv with {d} for the case folder, fragment of the message)
     ("reward syntax error", ["train", "--set", "task.dataset={d}/ok.jsonl", "--set",
                              "task.reward=tg_cli_errors_syntax:f"], "SyntaxError"),
     ("transport syntax error", ["train", "--set", "weights.transport=tg_cli_errors_syntax:T"],
-     "cannot import 'tg_cli_errors_syntax'"),
+     "cannot load tg_cli_errors_syntax:T: SyntaxError"),
     ("reward not callable", ["train", "--set", "task.dataset={d}/ok.jsonl", "--set",
                              f"task.reward={REWARDS}:X"], "is 3, not a function"),
     ("reward name missing", ["train", "--set", "task.dataset={d}/ok.jsonl", "--set",

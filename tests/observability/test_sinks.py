@@ -31,7 +31,7 @@ def _cfg(sink_names, **over):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """One tiny run writing to every sink whose package is installed here."""
-    names = [n for n in sinks.SINKS
+    names = [n for n in sinks.SINKS.names()
              if all(importlib.util.find_spec(m) for m in sinks.sink_class(n).requires)]
     if not names:
         missing("no sink package is installed: pip install 'traingym[sinks]'")
@@ -170,9 +170,10 @@ class BoomOnOpen(BoomOnLog):
 
 
 def test_a_sink_that_raises_is_reported_once_and_dropped(tmp_path, monkeypatch, capfd):
-    monkeypatch.setitem(sinks.SINKS, "recorder", "test_sinks:Recorder")
-    monkeypatch.setitem(sinks.SINKS, "boom_log", "test_sinks:BoomOnLog")
-    monkeypatch.setitem(sinks.SINKS, "boom_open", "test_sinks:BoomOnOpen")
+    monkeypatch.setitem(sinks.SINKS.entries, "recorder", "test_sinks:Recorder")
+    monkeypatch.setitem(sinks.SINKS.entries, "boom_log", "test_sinks:BoomOnLog")
+    monkeypatch.setitem(sinks.SINKS.entries, "boom_open", "test_sinks:BoomOnOpen")
+    monkeypatch.setattr(sinks.SINKS, "_loaded", {})  # nothing loaded outlives the entries
     CALLS.clear()
     cfg = _cfg(["boom_open", "boom_log", "recorder"], steps=3)
     traingym.train(cfg, run_dir=tmp_path / "r", progress=False)
@@ -189,7 +190,8 @@ def test_a_sink_that_raises_is_reported_once_and_dropped(tmp_path, monkeypatch, 
 
 
 def test_sink_names_options_and_extras_are_checked_before_any_work(tmp_path, monkeypatch):
-    with pytest.raises(ConfigError, match="unknown sink 'tensorbord'.*did you mean 'tensorboard'"):
+    with pytest.raises(ConfigError, match="unknown observability.sinks 'tensorbord'.*"
+                                          "did you mean 'tensorboard'"):
         _cfg(["tensorbord"])
     with pytest.raises(ConfigError, match="lists a sink twice"):
         _cfg(["mlflow", "mlflow"])

@@ -33,7 +33,8 @@ def test_sync_run_over_the_toy_transport_by_path(tmp_path):
 
 
 def test_async_run_over_the_toy_transport_registered_in_one_line(tmp_path, monkeypatch):
-    monkeypatch.setitem(registry.TRANSPORTS, "toy", "toy_transport:TRANSPORT")  # the one line
+    monkeypatch.setitem(registry.TRANSPORTS.entries, "toy", "toy_transport:TRANSPORT")  # the one line
+    monkeypatch.setattr(registry.TRANSPORTS, "_loaded", {})  # and nothing loaded outlives it
     cfg = traingym.build_config("tiny", overrides={
         "steps": 3, "mode": "async", "threads": 1, "weights": {"transport": "toy"},
         "async": {"engine_timeout_s": 60.0}, "eval": {"before": False, "after": False}})
@@ -51,13 +52,13 @@ def test_transport_names_and_paths_are_checked_when_the_config_is_built():
         return traingym.build_config("tiny", overrides={"mode": mode,
                                                         "weights": {"transport": transport}})
 
-    with pytest.raises(ConfigError, match="cannot import 'no_such_module'"):
+    with pytest.raises(ConfigError, match="cannot load no_such_module:TRANSPORT"):
         build("no_such_module:TRANSPORT")
-    with pytest.raises(ConfigError, match="toy_transport.ToyConfig is type, not a"):
+    with pytest.raises(ConfigError, match="toy_transport:ToyConfig: is type, not a"):
         build("toy_transport:ToyConfig")
-    with pytest.raises(ConfigError, match="expected 'module:ATTR'"):
+    with pytest.raises(ConfigError, match="give a 'module:ATTR' path"):
         build("toy_transport:")
-    with pytest.raises(ConfigError, match=r"unknown transport 'toy'; choose one of \["):
+    with pytest.raises(ConfigError, match=r"unknown weights.transport 'toy'; choose one of \["):
         build("toy")  # not registered in this test
     with pytest.raises(ConfigError, match="must be 'filesystem', 'shm' or 'tcp'"):
         build("inproc", mode="async")  # abilities decide: inproc does not cross processes

@@ -1,4 +1,4 @@
-"""The RL algorithms, one registry: name -> "module:Class", imported on first use.
+"""The RL algorithms, one `Registry` (core/registry.py): name -> "module:Class", lazy.
 
 An algorithm is one file with a subclass of algorithms/base.py's `Algorithm` plus one line
 here. A run picks one with `algorithm.name`: a name here, or a "module:Class" path to a class
@@ -7,9 +7,22 @@ in any importable package. docs/algorithms.md lists them with paper, config and 
 
 from __future__ import annotations
 
-import importlib
+from traingym.core.registry import Registry, RegistryError
 
-ALGORITHMS: dict[str, str] = {
+
+class UnknownAlgorithm(RegistryError):
+    """An unknown algorithm.name, a path that does not import, or a class that is no Algorithm."""
+
+
+def _algorithm(name: str, cls):
+    from traingym.algorithms.base import Algorithm
+
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise TypeError("not a subclass of traingym.algorithms.base.Algorithm")
+    return cls
+
+
+ALGORITHMS = Registry("algorithm.name", {
     "grpo": "traingym.algorithms.grpo:GRPO",
     "dr_grpo": "traingym.algorithms.dr_grpo:DrGRPO",
     "dapo": "traingym.algorithms.dapo:DAPO",
@@ -18,36 +31,10 @@ ALGORITHMS: dict[str, str] = {
     "rloo": "traingym.algorithms.rloo:RLOO",
     "reinforce_pp": "traingym.algorithms.reinforce_pp:ReinforcePP",
     "ppo": "traingym.algorithms.ppo:PPO",
-}
+}, check=_algorithm, error=UnknownAlgorithm)
 
-
-class UnknownAlgorithm(ValueError):
-    pass
-
-
-def names() -> list[str]:
-    return sorted(ALGORITHMS)
-
-
-def get(name: str) -> type:
-    """The algorithm class for a registry name or a 'module:Class' path."""
-    from traingym.algorithms.base import Algorithm
-    from traingym.core.errors import did_you_mean
-
-    target = ALGORITHMS.get(name, name)
-    if ":" not in target:
-        raise UnknownAlgorithm(f"unknown algorithm.name {name!r}; choose one of {names()} or "
-                               f"give a 'module:Class' path{did_you_mean(name, ALGORITHMS)}")
-    module, _, attr = target.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, SyntaxError) as e:
-        raise UnknownAlgorithm(f"algorithm.name {name!r}: cannot load {target}: "
-                               f"{type(e).__name__}: {e}") from e
-    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
-        raise UnknownAlgorithm(f"algorithm.name {name!r}: {target} is not a subclass of "
-                               "traingym.algorithms.base.Algorithm")
-    return cls
+names = ALGORITHMS.names
+get = ALGORITHMS.get  # the algorithm class for a registry name or a 'module:Class' path
 
 
 def build(cfg):

@@ -68,10 +68,13 @@ class TaskConfig(Strict):
         if self.judge is not None and self.env is not None:
             raise ValueError("task.judge scores a single-turn completion and task.env brings "
                              "its own scoring: set one of them, not both")
-        if self.env_args and not (self.env or "").startswith(("verifiers:", "gym:", "openenv:")):
-            raise ValueError("task.env_args apply only to task.env = 'verifiers:<env_id>', "
-                             "'gym:<id>' or 'openenv:<server>'; a 'module:function' env takes "
-                             "its settings itself")
+        from traingym.envs import adapters
+
+        adapter = adapters.find(self.env)
+        if self.env_args and not (adapter and adapter.abilities.takes_env_args):
+            raise ValueError(f"task.env_args apply only to task.env = "
+                             f"{adapters.usages('takes_env_args')}; a 'module:function' env "
+                             "takes its settings itself")
         return self
 
     @field_validator("name")

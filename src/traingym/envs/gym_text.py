@@ -95,6 +95,7 @@ class GymMaker:
 
     env_id: str
     kwargs: dict[str, Any] = field(default_factory=dict)
+    env_adapter = "gym"  # its record in envs/adapters.py (not a field)
 
     def __call__(self, example: dict[str, Any], renderer: PromptRenderer) -> GymTextEnv:
         return GymTextEnv(example, renderer, self.env_id, self.kwargs)

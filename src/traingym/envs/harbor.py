@@ -324,5 +324,7 @@ class HarborEnv:
 class HarborMaker:
     """Picklable env maker `(example, renderer) -> HarborEnv` (task.env = 'harbor')."""
 
+    env_adapter = "harbor"  # its record in envs/adapters.py (not a field)
+
     def __call__(self, example: dict[str, Any], renderer: PromptRenderer) -> HarborEnv:
         return HarborEnv(example, renderer)

@@ -296,6 +296,7 @@ class OpenEnvMaker:
     app_dir: str | None = None  # where 'module' is imported from; None: the current folder
     startup_s: float = 120.0  # /health must answer within this
     step_timeout_s: float = 300.0  # each reset/step must be answered within this
+    env_adapter = "openenv"  # its record in envs/adapters.py (not a field)
 
     def __post_init__(self):
         s = self.server
@@ -305,19 +306,20 @@ class OpenEnvMaker:
                              "openenv's create_app, started here) or 'http://host:port' (a "
                              "running server)")
 
-    @classmethod
-    def from_config(cls, server: str, env_args: dict[str, Any]) -> OpenEnvMaker:
-        """From task.env = 'openenv:<server>' and task.env_args (this class's other fields)."""
-        from traingym.core.errors import ConfigError
-
-        keys = [f for f in cls.__dataclass_fields__ if f != "server"]
-        unknown = sorted(set(env_args) - set(keys))
-        if unknown:
-            raise ConfigError(f"task.env_args {unknown} for an OpenEnv env: it takes {keys}")
-        return cls(server, **env_args)
-
     def new_server(self) -> OpenEnvServer:
         return OpenEnvServer(self.server, self.app_dir, self.startup_s)
 
     def __call__(self, example: dict[str, Any], renderer: PromptRenderer) -> OpenEnvEnv:
         return OpenEnvEnv(example, renderer, self)
+
+
+def from_task(server: str, env_args: dict[str, Any]) -> OpenEnvMaker:
+    """The maker for task.env = 'openenv:<server>' and task.env_args (the maker's other
+    fields); its factory in envs/adapters.py."""
+    from traingym.core.errors import ConfigError
+
+    keys = [f for f in OpenEnvMaker.__dataclass_fields__ if f != "server"]
+    unknown = sorted(set(env_args) - set(keys))
+    if unknown:
+        raise ConfigError(f"task.env_args {unknown} for an OpenEnv env: it takes {keys}")
+    return OpenEnvMaker(server, **env_args)

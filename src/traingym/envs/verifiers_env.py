@@ -403,6 +403,7 @@ class VerifiersMaker:
     env_id: str | None = None
     env_args: dict[str, Any] = field(default_factory=dict)
     env: Any = None
+    env_adapter = "verifiers"  # its record in envs/adapters.py (not a field)
 
     def __post_init__(self):
         if (self.env_id is None) == (self.env is None):
@@ -416,6 +417,14 @@ class VerifiersMaker:
 
     def environment(self):
         return self.env if self.env is not None else load_env(self.env_id, self.env_args)
+
+    def rows(self, num_heldout: int) -> tuple[list[dict], list[dict]]:
+        """(training rows, held-out rows) from the environment's datasets."""
+        return env_rows(self.environment(), num_heldout)
+
+    def check(self, cfg) -> None:
+        """ValueError when the environment's turn limit exceeds rollout.max_turns."""
+        check_turns(self.environment(), self.name, cfg.rollout.max_turns)
 
     def __call__(self, example: dict[str, Any], renderer: PromptRenderer) -> VerifiersEnv:
         return VerifiersEnv(example, renderer, self.environment(), self.name)

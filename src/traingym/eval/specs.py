@@ -93,6 +93,7 @@ def prompt_key(row: dict) -> str:
 
 def eval_rows(cfg: Config, dataset=None) -> list[dict]:
     """The rows to evaluate on (module docstring)."""
+    from traingym.envs import adapters
     from traingym.envs.datasets import load_rows, validate_rows
     from traingym.envs.tasks import builtin_task
 
@@ -108,10 +109,8 @@ def eval_rows(cfg: Config, dataset=None) -> list[dict]:
     elif t.dataset is not None:
         raise ConfigError("task.dataset has no held-out rows here: give the eval rows "
                           "(--dataset / dataset=, task.eval_dataset, or task.eval_split)")
-    elif t.env and t.env.startswith("verifiers:"):
-        from traingym.envs.verifiers_env import env_rows, load_env
-
-        rows = env_rows(load_env(t.env[len("verifiers:"):], t.env_args), n)[1]
+    elif (env_rows := adapters.rows(t.env, t.env_args, n)) is not None:  # e.g. verifiers
+        rows = env_rows[1]
     else:
         rows = builtin_task(t.name, num_heldout=n).heldout
     validate_rows(rows, ("prompt",), "eval dataset")
@@ -120,6 +119,7 @@ def eval_rows(cfg: Config, dataset=None) -> list[dict]:
 
 def training_rows(run_dir: Path) -> tuple[list[dict], str]:
     """(the run's training rows as far as they are known, how they are known)."""
+    from traingym.envs import adapters
     from traingym.envs.datasets import load_rows
     from traingym.envs.tasks import builtin_task
 
@@ -127,12 +127,10 @@ def training_rows(run_dir: Path) -> tuple[list[dict], str]:
     if cfg.task.dataset is not None:
         rows = load_rows(cfg.task.dataset, cfg.task.columns, cfg.task.split)
         how = f"task.dataset {cfg.task.dataset}"
-    elif cfg.task.env and cfg.task.env.startswith("verifiers:"):
-        from traingym.envs.verifiers_env import env_rows, load_env
-
-        rows = env_rows(load_env(cfg.task.env[len("verifiers:"):], cfg.task.env_args),
-                        cfg.eval.num_prompts)[0]
-        how = f"verifiers env {cfg.task.env} split by eval.num_prompts={cfg.eval.num_prompts}"
+    elif (env_rows := adapters.rows(cfg.task.env, cfg.task.env_args,
+                                    cfg.eval.num_prompts)) is not None:  # e.g. verifiers
+        rows = env_rows[0]
+        how = f"env {cfg.task.env} split by eval.num_prompts={cfg.eval.num_prompts}"
     else:
         rows = builtin_task(cfg.task.name, num_heldout=cfg.eval.num_prompts).train
         how = f"built-in task {cfg.task.name!r} split by eval.num_prompts={cfg.eval.num_prompts}"

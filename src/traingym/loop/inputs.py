@@ -12,6 +12,7 @@ from typing import Callable
 from traingym.config.schema import Config
 
 from traingym.core.errors import ConfigError, did_you_mean
+from traingym.envs import adapters
 from traingym.envs.datasets import load_rows, validate_rows
 from traingym.envs.tasks import builtin_task, exact_answer
 
@@ -51,24 +52,11 @@ class Inputs:
 
 
 def resolve_env(cfg: Config, env=None, group_reward=None) -> tuple[Callable | None, Callable | None]:
-    """The env maker and group hook: arguments first, then config specs."""
+    """The env maker and group hook: arguments first, then config specs (an env adapter's
+    prefix, envs/adapters.py, else 'module:function')."""
     t = cfg.task
-    if env is None and t.env and t.env.startswith("gym:"):
-        from traingym.envs.gym_text import GymMaker
-
-        env = GymMaker(t.env[len("gym:"):], dict(t.env_args))
-    if env is None and t.env and t.env.startswith("verifiers:"):
-        from traingym.envs.verifiers_env import VerifiersMaker
-
-        env = VerifiersMaker(t.env[len("verifiers:"):], dict(t.env_args))
-    if env is None and t.env and t.env.startswith("openenv:"):
-        from traingym.envs.openenv_env import OpenEnvMaker
-
-        env = OpenEnvMaker.from_config(t.env[len("openenv:"):], dict(t.env_args))
-    if env is None and t.env == "harbor":
-        from traingym.envs.harbor import HarborMaker
-
-        env = HarborMaker()
+    if env is None:
+        env = adapters.make(t.env, t.env_args)
     if env is None and t.judge is not None:
         from traingym.envs.judge import JudgeMaker
 
@@ -76,11 +64,10 @@ def resolve_env(cfg: Config, env=None, group_reward=None) -> tuple[Callable | No
     env = env or (import_reward(t.env, "task.env") if t.env else None)
     group = group_reward or (import_reward(t.group_reward, "task.group_reward")
                              if t.group_reward else None)
-    from traingym.envs.verifiers_env import VerifiersMaker, check_turns
-
-    if isinstance(env, VerifiersMaker):
+    adapter = adapters.of(env)
+    if adapter is not None and adapter.abilities.checks_config:
         try:
-            check_turns(env.environment(), env.name, cfg.rollout.max_turns)
+            env.check(cfg)
         except ValueError as e:
             raise ConfigError(str(e)) from None
     return env, group
@@ -89,10 +76,9 @@ def resolve_env(cfg: Config, env=None, group_reward=None) -> tuple[Callable | No
 def resolve_inputs(cfg: Config, dataset=None, eval_dataset=None, reward=None, env=None,
                    group_reward=None) -> Inputs:
     """Rows, reward, env: arguments first, then config paths, then the built-in task."""
-    from traingym.envs.verifiers_env import VerifiersMaker, env_rows
-
     t = cfg.task
     env, group_reward = resolve_env(cfg, env, group_reward)
+    adapter = adapters.of(env)
     if env is not None and reward is not None:
         raise ConfigError("pass either reward= (single-turn) or env= (the env scores its own "
                           "episodes), not both")
@@ -109,20 +95,16 @@ def resolve_inputs(cfg: Config, dataset=None, eval_dataset=None, reward=None, en
         if reward_fn is None and env is None:
             raise ConfigError("a custom dataset needs a reward: pass reward= or set "
                               "task.reward='module:function'")
-    elif isinstance(env, VerifiersMaker):  # task.env 'verifiers:...' or env=
+    elif adapter is not None and adapter.abilities.has_rows:  # e.g. 'verifiers:...' or env=
         if eval_dataset is not None or t.eval_dataset is not None:
-            raise ConfigError("task.eval_dataset needs task.dataset: a verifiers env without "
-                              "task.dataset brings its own rows")
-        train_rows, eval_rows = env_rows(env.environment(), cfg.eval.num_prompts)
+            raise ConfigError(f"task.eval_dataset needs task.dataset: a {adapter.usage!r} env "
+                              "without task.dataset brings its own rows")
+        train_rows, eval_rows = env.rows(cfg.eval.num_prompts)
         reward_fn = None
     else:
-        if t.env and t.env.startswith(("gym:", "openenv:")):
-            raise ConfigError(f"task.env={t.env!r} needs episodes: set task.dataset to rows "
-                              "like {prompt: '', seed: 0} (one per episode; envs/gym_text.py, "
-                              "envs/openenv_env.py)")
-        if t.env == "harbor":
-            raise ConfigError("task.env='harbor' needs its tasks: set task.dataset = "
-                              "'harbor:<folder>' (a Harbor task folder or a folder of them)")
+        spec = adapters.find(t.env)
+        if spec is not None and spec.needs:
+            raise ConfigError(f"task.env={t.env!r} {spec.needs}")
         if eval_dataset is not None or t.eval_dataset is not None:
             raise ConfigError("task.eval_dataset needs task.dataset: the built-in task "
                               f"{t.name!r} brings its own held-out rows")

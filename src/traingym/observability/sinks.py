@@ -2,8 +2,9 @@
 
 events.jsonl is the source of truth (observability/events.py writes it first); a sink copies
 each step record's numbers somewhere people already look (TensorBoard, Weights & Biases,
-MLflow). Sinks are chosen by `observability.sinks`, with per-sink options in
-`observability.sink_options`; a sink is one file (sink_<name>.py) plus one line in SINKS.
+MLflow). Sinks are chosen by `observability.sinks` (a name in the `SINKS` Registry or a
+"module:Class" path), with per-sink options in `observability.sink_options`; a sink is one
+file (sink_<name>.py) plus one line in SINKS.
 
 Names, options and the sink's packages are checked when the config is built (`check`), so a
 typo or a missing extra fails before any work starts. At run time a sink that raises (in open,
@@ -17,18 +18,13 @@ Not covered: samples, traces and checkpoints as sink artifacts (the run director
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import math
 import sys
 from pathlib import Path
 from typing import Any, Protocol
 
-SINKS: dict[str, str] = {
-    "tensorboard": "traingym.observability.sink_tensorboard:TensorBoardSink",
-    "wandb": "traingym.observability.sink_wandb:WandbSink",
-    "mlflow": "traingym.observability.sink_mlflow:MlflowSink",
-}
+from traingym.core.registry import Registry, RegistryError
 
 
 class Sink(Protocol):
@@ -43,9 +39,23 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-def sink_class(name: str) -> type:
-    module, _, cls = SINKS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+def _sink(name: str, cls):
+    if not isinstance(cls, type) or not all(callable(getattr(cls, m, None))
+                                            for m in ("open", "log", "close")):
+        raise TypeError("not a sink class (one with open, log and close)")
+    missing = [a for a in ("requires", "extra", "options") if not hasattr(cls, a)]
+    if missing:
+        raise TypeError(f"a sink class declares {missing[0]!r} (observability/sinks.py Sink)")
+    return cls
+
+
+SINKS = Registry("observability.sinks", {
+    "tensorboard": "traingym.observability.sink_tensorboard:TensorBoardSink",
+    "wandb": "traingym.observability.sink_wandb:WandbSink",
+    "mlflow": "traingym.observability.sink_mlflow:MlflowSink",
+}, check=_sink)
+
+sink_class = SINKS.get  # the sink class for a name here or a "module:Class" path
 
 
 def check(names: list[str], options: dict[str, dict[str, Any]]) -> None:
@@ -54,10 +64,10 @@ def check(names: list[str], options: dict[str, dict[str, Any]]) -> None:
     from traingym.core.errors import did_you_mean
 
     for name in names:
-        if name not in SINKS:
-            raise ValueError(f"observability.sinks: unknown sink {name!r}; choose from "
-                             f"{sorted(SINKS)}{did_you_mean(name, SINKS)} (events.jsonl and "
-                             "the console are always written)")
+        try:
+            sink_class(name)
+        except RegistryError as e:
+            raise ValueError(f"{e} (events.jsonl and the console are always written)") from None
     if len(set(names)) != len(names):
         raise ValueError(f"observability.sinks lists a sink twice: {names}")
     for name, opts in options.items():

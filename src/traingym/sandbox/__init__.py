@@ -1,13 +1,17 @@
 """Sandboxes for model-written code: backends by explicit name, and a warm pool.
 
 `open_sandbox("bwrap")` is the default on Linux; `open_sandbox("process")` is NOT a security
-boundary and is only ever used when named. A backend that cannot run raises SandboxUnavailable.
+boundary and is only ever used when named. A backend that cannot run raises SandboxUnavailable:
+there is no fallback to another backend. `BACKENDS` is the Registry (core/registry.py) of
+backend classes (each with an async `create(limits, **options)`); a "module:Class" path names
+one outside it.
 The code runs against an image (images.py): `open_sandbox("bwrap", image={"requirements":
 ["numpy"]})`; none given, the standard library only.
 """
 
 from __future__ import annotations
 
+from traingym.core.registry import Registry
 from traingym.sandbox.base import (
     ExecResult,
     Limits,
@@ -17,22 +21,25 @@ from traingym.sandbox.base import (
 )
 from traingym.sandbox.images import ImageSpec, get_image
 
-BACKENDS = ("bwrap", "process")
+
+def _backend(name: str, cls):
+    if not (isinstance(cls, type) and callable(getattr(cls, "create", None))):
+        raise TypeError("not a sandbox class (one with an async classmethod create)")
+    return cls
+
+
+BACKENDS = Registry("sandbox backend", {
+    "bwrap": "traingym.sandbox.bwrap:BwrapSandbox",
+    "process": "traingym.sandbox.process:ProcessSandbox",
+}, check=_backend)
 DEFAULT_BACKEND = "bwrap"
 
 
 async def open_sandbox(backend: str, limits: Limits | None = None, **options) -> Sandbox:
     """Start one sandbox of the named backend ("bwrap" or "process"); options: `image` (an
-    ImageSpec, its mapping or a built Image), and the backend's own (bwrap: scratch_bytes)."""
-    if backend == "bwrap":
-        from traingym.sandbox.bwrap import BwrapSandbox
-
-        return await BwrapSandbox.create(limits, **options)
-    if backend == "process":
-        from traingym.sandbox.process import ProcessSandbox
-
-        return await ProcessSandbox.create(limits, **options)
-    raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {BACKENDS}")
+    ImageSpec, its mapping or a built Image), and the backend's own (bwrap: scratch_bytes).
+    Only the named backend is tried; an unknown name is a RegistryError (a ValueError)."""
+    return await BACKENDS.get(backend).create(limits, **options)
 
 
 __all__ = [

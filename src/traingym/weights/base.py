@@ -16,6 +16,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from traingym.core.registry import Registry
+
 State = dict[str, torch.Tensor]
 
 
@@ -113,12 +115,15 @@ class Receiver(Protocol):
     def close(self) -> None: ...
 
 
-CODECS: dict[str, type] = {}
+def _codec(name: str, cls):
+    if not (isinstance(cls, type) and callable(getattr(cls, "encode", None))
+            and callable(getattr(cls, "decode", None))):
+        raise TypeError("not a codec class (one with encode and decode)")
+    return cls
 
 
-def register_codec(name: str):
-    def deco(cls: type) -> type:
-        CODECS[name] = cls
-        return cls
-
-    return deco
+CODECS = Registry("weights.codec", {
+    "full": "traingym.weights.codecs:FullCodec",
+    "delta": "traingym.weights.codecs:DeltaCodec",
+}, check=_codec)
+"""The codec classes by `UpdateHeader.codec` name, imported on first use."""

@@ -43,7 +43,6 @@ import zstandard
 
 from traingym.weights import entropy, lthash, native, tiered
 from traingym.weights.base import BaseMismatch, IntegrityError, Payload, State, TensorEntry, UpdateHeader
-from traingym.weights.base import register_codec
 from traingym.weights.changes import Changes, Pool, plan_pieces
 from traingym.weights.extract import cast_changes, changes
 from traingym.weights.hashing import bits, dtype_name, dtype_of
@@ -82,7 +81,6 @@ class _Builder:
                                     tensors=tuple(self.entries)), self.buffers)
 
 
-@register_codec("full")
 class FullCodec:
     """Every tensor's bytes, copied (the payload must outlive later changes to the state)."""
 
@@ -98,7 +96,6 @@ class FullCodec:
         return apply(None, payload)
 
 
-@register_codec("delta")
 class DeltaCodec:
     """Tiered or sparse / xor / raw per tensor, whichever is smallest. zstd `level` for the
     zstd parts. With `threads` > 1 the state is cut into that many runs of about equal bytes

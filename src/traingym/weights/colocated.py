@@ -57,7 +57,7 @@ from traingym.weights.sync import (Publisher, PublisherConfig, PublishStats, Sub
 
 
 def codec_choices() -> list[str]:
-    return ["auto", *sorted(CODECS)]
+    return ["auto", *CODECS.names()]
 
 
 def wire_views(state: State) -> State:

@@ -1,10 +1,10 @@
-"""The weight-sync transports, one registry: each transport declares itself in its own file.
+"""The weight-sync transports, one `Registry` (core/registry.py): each declares itself in its file.
 
 A transport is one file with a `TRANSPORT = Transport(...)` record (its name, how its config
 is built from the run's `weights` section, its sender and receiver classes, its abilities)
-plus one entry in `TRANSPORTS`: name -> "module:ATTR" (imported on first use) or the record
-itself. A run picks one with `weights.transport`: a name here, or a "module:ATTR" path to a
-record in any importable package (checked when the config is built).
+plus one entry in `TRANSPORTS`: name -> "module:ATTR" (imported on first use). A run picks
+one with `weights.transport`: a name here, or a "module:ATTR" path to a record in any
+importable package (checked when the config is built).
 
 Who reads what:
 - the colocated loop (colocated.py): any transport the loop can select (`not_in_loop` empty);
@@ -19,18 +19,11 @@ Not covered: choosing a transport per engine (one transport per run).
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-TRANSPORTS: dict[str, str | Transport] = {
-    "inproc": "traingym.weights.inproc:TRANSPORT",
-    "shm": "traingym.weights.filesystem:SHM",
-    "tcp": "traingym.weights.tcp:TRANSPORT",
-    "filesystem": "traingym.weights.filesystem:TRANSPORT",
-    "dist": "traingym.weights.dist:TRANSPORT",
-}
+from traingym.core.registry import Registry, RegistryError, one_of  # noqa: F401 (re-export)
 
 
 @dataclass(frozen=True)
@@ -78,60 +71,35 @@ class Transport:
     """Why the training loop cannot select it (empty: it can)."""
 
 
-class UnknownTransport(ValueError):
+class UnknownTransport(RegistryError):
     """A transport name that is not registered, or a "module:ATTR" path that is no record."""
 
 
-_LOADED: dict[str, Transport] = {}
+def _transport(name: str, entry):
+    if not isinstance(entry, Transport):
+        raise TypeError(f"is {type(entry).__name__}, not a weights.registry.Transport")
+    return entry
 
 
-def _load(path: str) -> Transport:
-    if path not in _LOADED:
-        module, _, attr = path.partition(":")
-        if not module or not attr:
-            raise UnknownTransport(f"transport path {path!r}: expected 'module:ATTR', e.g. "
-                                   "'my_pkg.my_transport:TRANSPORT'")
-        try:
-            mod = importlib.import_module(module)
-        except (ImportError, SyntaxError) as e:
-            raise UnknownTransport(f"transport path {path!r}: cannot import {module!r} ({e}); "
-                                   "is its package installed or on sys.path?") from e
-        entry = getattr(mod, attr, None)
-        if not isinstance(entry, Transport):
-            raise UnknownTransport(f"transport path {path!r}: {module}.{attr} is "
-                                   f"{type(entry).__name__}, not a weights.registry.Transport")
-        _LOADED[path] = entry
-    return _LOADED[path]
+TRANSPORTS = Registry("weights.transport", {
+    "inproc": "traingym.weights.inproc:TRANSPORT",
+    "shm": "traingym.weights.filesystem:SHM",
+    "tcp": "traingym.weights.tcp:TRANSPORT",
+    "filesystem": "traingym.weights.filesystem:TRANSPORT",
+    "dist": "traingym.weights.dist:TRANSPORT",
+}, kind="ATTR", check=_transport, error=UnknownTransport)
 
-
-def get(name: str) -> Transport:
-    """The transport registered as `name`, or the record at a "module:ATTR" path."""
-    entry = TRANSPORTS.get(name)
-    if entry is None and ":" in name:
-        entry = name
-    if entry is None:
-        from traingym.core.errors import did_you_mean
-
-        raise UnknownTransport(f"unknown transport {name!r}; choose one of {loop_choices()}, "
-                               "or give a 'module:ATTR' path to a weights.registry.Transport"
-                               f"{did_you_mean(name, loop_choices())}")
-    return entry if isinstance(entry, Transport) else _load(entry)
+get = TRANSPORTS.get  # the record registered as `name`, or the record at a "module:ATTR" path
 
 
 def loop_choices() -> list[str]:
     """The registered names the training loop can select."""
-    return sorted(n for n in TRANSPORTS if not get(n).not_in_loop)
+    return [n for n in TRANSPORTS.names() if not get(n).not_in_loop]
 
 
 def able(ability: str) -> list[str]:
     """The loop-selectable registered names with `ability` (an Abilities field)."""
-    return [n for n in loop_choices() if getattr(get(n).abilities, ability)]
-
-
-def one_of(names: list[str]) -> str:
-    """"'a'", "'a' or 'b'", "'a', 'b' or 'c'"."""
-    quoted = [repr(n) for n in names]
-    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+    return TRANSPORTS.able(ability, loop_choices())
 
 
 def open_sender(name: str, weights_cfg, ctx: SyncContext) -> tuple[Any, Any]:

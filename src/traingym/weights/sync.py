@@ -50,7 +50,7 @@ from traingym.core import trace
 from traingym.weights.base import (CODECS, BaseMismatch, IntegrityError, Payload, PeerDead,
                                    Receiver, Sender, State, TransportTimeout)
 from traingym.weights import lthash
-from traingym.weights.codecs import apply_changes  # also fills CODECS
+from traingym.weights.codecs import apply_changes
 from traingym.weights.frame import seal, verify_body
 from traingym.weights.hashing import state_hash
 
@@ -143,7 +143,8 @@ class Publisher:
             raise ValueError(f"unknown codec {cfg.codec!r}; the publisher sends 'full' anchors "
                              "and 'delta' updates (or picks per update: 'auto')")
         self.sender, self.cfg = sender, cfg
-        self.delta, self.full = CODECS["delta"](cfg.zstd_level, cfg.threads), CODECS["full"]()
+        self.delta = CODECS.get("delta")(cfg.zstd_level, cfg.threads)
+        self.full = CODECS.get("full")()
         self.version: int | None = None
         self.hash: str | None = None  # the chain's name for the last version (not always xxh3)
         self._shadow: State | None = None
