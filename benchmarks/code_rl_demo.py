@@ -3,12 +3,12 @@ after GRPO on parameterised Python function tasks, graded in sandboxes from the 
 
 Problems: envs/code_families.py, 76 training and 76 held-out problems split by parameter
 (disjoint by construction; checked here on (family, params) and prompt text, and again by
-`traingym.envs.evaluate`'s overlap check against the run's dataset file). Each prompt is pre-filled
+`traingym.evaluate`'s overlap check against the run's dataset file). Each prompt is pre-filled
 with "```python\\ndef NAME("; each completion runs in a bwrap sandbox from the run's warm pool
 against 8+ hidden tests; the training reward is the fraction passed.
 
 Steps, in one process, timed together (`wall_s`):
-1. evaluate the base model on every held-out problem (`traingym.envs.evaluate`): greedy, and
+1. evaluate the base model on every held-out problem (`traingym.evaluate`): greedy, and
    --eval-samples samples at T=1; a sample passes when every hidden test passes;
 2. train (`traingym.train`, sync mode, the default config with the overrides below);
 3. evaluate the final checkpoint the same way (same rows, same seed).
@@ -233,7 +233,7 @@ def main() -> None:
 
         def evaluate(spec, name):
             t0 = time.monotonic()
-            res = traingym.envs.evaluate(spec, config=config, env=env, out=work / name)
+            res = traingym.evaluate(spec, config=config, env=env, out=work / name)
             return res, time.monotonic() - t0
 
         before, eval_before_s = evaluate(model, "eval_before")

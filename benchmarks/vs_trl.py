@@ -16,7 +16,7 @@ master weights, 2 torch threads, the same number of steps. A step is generation 
 training + weight sync (traingym: rollout + train + sync from its events.jsonl, checkpoint
 time excluded; TRL: on_step_begin to on_step_end, logging excluded). Each framework trains in
 its own subprocess, one after the other; then one evaluator scores the base and both trained
-models on the held-out rows (traingym's TorchEngine in bf16 and traingym.envs.evaluate: greedy, and
+models on the held-out rows (traingym's TorchEngine in bf16 and traingym.evaluate: greedy, and
 4 samples per prompt at T=1, 8 new tokens, stop at end of turn; standard errors over prompts).
 
 Not equal, because the frameworks differ inside: traingym samples from a separate bf16 copy

@@ -60,7 +60,7 @@ def test_compare_reproduces_the_runs_before_after(tiny_run, tmp_path, capsys):
 
 
 def test_run_dir_means_its_latest_checkpoint_and_api_matches(tiny_run, tmp_path):
-    res = traingym.envs.evaluate(tiny_run, out=tmp_path / "ev", pass_k=(1, 2), pass_threshold=0.5)
+    res = traingym.evaluate(tiny_run, out=tmp_path / "ev", pass_k=(1, 2), pass_threshold=0.5)
     after = json.loads((tiny_run / "eval_after.json").read_text())
     assert res.scores["sampled"].per_prompt == after["sampled"]["per_prompt"]
     assert res.summary["model"]["checkpoint"].endswith("step_000004")
@@ -90,14 +90,14 @@ def test_overlap_with_training_prompts_is_refused(tiny_run, tmp_path, capsys):
 
     train_rows = builtin_task("arith", num_heldout=16).train[:5]
     with pytest.raises(traingym.ConfigError, match="5 of 5 eval prompts"):
-        traingym.envs.evaluate(tiny_run / "checkpoints" / "step_000002", dataset=train_rows,
+        traingym.evaluate(tiny_run / "checkpoints" / "step_000002", dataset=train_rows,
                           reward=digit_fraction)
     # on purpose: allowed, and recorded
-    res = traingym.envs.evaluate(tiny_run, dataset=train_rows, reward=digit_fraction,
+    res = traingym.evaluate(tiny_run, dataset=train_rows, reward=digit_fraction,
                             allow_overlap=True)
     assert res.summary["overlap"]["overlapping_prompts"] == 5
     # the base model has no training prompts to check
-    assert traingym.envs.evaluate("tiny", dataset=train_rows,
+    assert traingym.evaluate("tiny", dataset=train_rows,
                              reward=digit_fraction).summary["overlap"]["checked"] is False
 
 
@@ -117,9 +117,9 @@ def test_bad_input_is_one_line(tiny_run, tmp_path, capsys):
 
 def test_any_registered_engine_path(tmp_path):
     # a second engine named by its 'module:Class' path (tests/toy_engine.py) evaluates too
-    res = traingym.envs.evaluate("tiny", engine="toy_engine:RecomputeEngine",
+    res = traingym.evaluate("tiny", engine="toy_engine:RecomputeEngine",
                             config=traingym.build_config("tiny"))
-    ref = traingym.envs.evaluate("tiny", config=traingym.build_config("tiny"))
+    ref = traingym.evaluate("tiny", config=traingym.build_config("tiny"))
     assert res.summary["engine"] == "toy_engine:RecomputeEngine"
     assert res.scores["greedy"].n_prompts == ref.scores["greedy"].n_prompts == 16
     # greedy decoding is the argmax under both engines: the same completions

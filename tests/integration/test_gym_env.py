@@ -47,7 +47,7 @@ def test_gym_text_env_trains_and_evaluates(tmp_path):
         if s["reward"] == 0.0 and s["turns"] > 1:  # a wrong turn got the env's answer
             assert any(h in s["completion"] for h in ("Higher.", "Lower.", "Answer with one"))
     assert "after" in result.eval
-    res = traingym.envs.evaluate(run)
+    res = traingym.evaluate(run)
     assert res.summary["num_prompts"] == 4
     assert {r["example"]["seed"] for r in res.records} == {12, 13, 14, 15}
 

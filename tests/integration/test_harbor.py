@@ -86,7 +86,7 @@ def test_harbor_task_trains_and_evaluates(tmp_path):
         assert s["reward"] in (0.0, 1.0)
     assert "after" in result.eval
     # one task folder: the evaluation measures the training task on purpose
-    res = traingym.envs.evaluate(run, allow_overlap=True)
+    res = traingym.evaluate(run, allow_overlap=True)
     assert res.summary["num_prompts"] == 1
     assert res.records[0]["example"]["id"] == "add-numbers"
 

@@ -53,7 +53,7 @@ def test_train_and_eval_from_a_datasets_folder_with_column_mapping(tmp_path):
     assert "Answer with a number." in samples[0]["prompt"]  # the system prompt, templated
     assert "after" in result.eval
     # evaluating the run reads the dev split through the same mapping
-    res = traingym.envs.evaluate(run)
+    res = traingym.evaluate(run)
     assert res.summary["num_prompts"] == 4
     assert {r["example"]["prompt"] for r in res.records} <= {
         f"What is 5 + {b}?" for b in range(6)}

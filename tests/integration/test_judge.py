@@ -152,7 +152,7 @@ def test_trains_with_an_openai_endpoint_judge(tmp_path, fake):
         assert rec["batch"] == 16  # one engine call for the step's 4 groups x 4 samples
     assert {s["reward"] for s in samples} <= {0.0, 1.0}
     assert "after" in result.eval
-    res = traingym.envs.evaluate(run)  # `traingym eval` of the run: judged the same way
+    res = traingym.evaluate(run)  # `traingym eval` of the run: judged the same way
     assert res.summary["num_prompts"] == 4
     for r in res.records:
         (rec,) = [i["judge"] for i in r["env_info"]]

@@ -88,7 +88,7 @@ def test_openenv_echo_trains_and_evaluates(echo_url, tmp_path):
         assert 0.0 <= s["reward"] <= 2.0
     assert any(s["reward"] > 0 for s in samples)
     assert "after" in result.eval
-    res = traingym.envs.evaluate(run)
+    res = traingym.evaluate(run)
     assert res.summary["num_prompts"] == 4
     assert {r["example"]["seed"] for r in res.records} == {8, 9, 10, 11}
 

@@ -48,7 +48,7 @@ def test_single_turn_env_trains_and_evaluates(tmp_path):
         expect = sum(c.isdigit() for c in text) / len(text) if text else 0.0
         assert parts["digits"] == pytest.approx(expect)
     assert "after" in result.eval
-    res = traingym.envs.evaluate(run)
+    res = traingym.evaluate(run)
     # the env's eval_dataset (its last 4 rows), not training rows
     assert sorted(r["example"]["answer"] for r in res.records if r["mode"] == "greedy") == \
         sorted(["7", "8", "9", "10"])

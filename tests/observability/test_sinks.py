@@ -173,7 +173,6 @@ def test_a_sink_that_raises_is_reported_once_and_dropped(tmp_path, monkeypatch, 
     monkeypatch.setitem(sinks.SINKS.entries, "recorder", "test_sinks:Recorder")
     monkeypatch.setitem(sinks.SINKS.entries, "boom_log", "test_sinks:BoomOnLog")
     monkeypatch.setitem(sinks.SINKS.entries, "boom_open", "test_sinks:BoomOnOpen")
-    monkeypatch.setattr(sinks.SINKS, "_loaded", {})  # nothing loaded outlives the entries
     CALLS.clear()
     cfg = _cfg(["boom_open", "boom_log", "recorder"], steps=3)
     traingym.train(cfg, run_dir=tmp_path / "r", progress=False)

@@ -158,7 +158,6 @@ def test_corrupt_payload_resyncs_and_never_serves_wrong_weights(tmp_path, monkey
     flaky = _flaky(real.receiver, version=2, reseal=reseal)
     monkeypatch.setitem(registry.TRANSPORTS.entries, transport,
                         dataclasses.replace(real, receiver=flaky))
-    monkeypatch.setattr(registry.TRANSPORTS, "_loaded", {})  # load afresh while patched
     w = Watched(_cfg(transport=transport), tmp_path / "run")
     w.train()
     assert flaky.hits == 1

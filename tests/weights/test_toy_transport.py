@@ -34,7 +34,6 @@ def test_sync_run_over_the_toy_transport_by_path(tmp_path):
 
 def test_async_run_over_the_toy_transport_registered_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setitem(registry.TRANSPORTS.entries, "toy", "toy_transport:TRANSPORT")  # the one line
-    monkeypatch.setattr(registry.TRANSPORTS, "_loaded", {})  # and nothing loaded outlives it
     cfg = traingym.build_config("tiny", overrides={
         "steps": 3, "mode": "async", "threads": 1, "weights": {"transport": "toy"},
         "async": {"engine_timeout_s": 60.0}, "eval": {"before": False, "after": False}})

@@ -78,6 +78,7 @@ class Algorithm:
         """The algorithm's own knobs (`algorithm.<key>`); GRPO has none."""
     drop_equal_groups = True  # group-relative: all-equal rewards carry no signal
     needs_values = False  # a value head (algorithms/ppo.py)
+    needs_teacher = False  # teacher log-probs per token (trainer/teacher.py)
 
     @classmethod
     def check(cls, cfg) -> None:

@@ -28,7 +28,7 @@ class Registry:
         self.kind = kind  # what a "module:attr" names, e.g. "class" or "record"
         self._check = check
         self._error = error
-        self._loaded: dict[str, Any] = {}
+        self._loaded: dict[tuple[str, Any], Any] = {}  # (name, target) -> checked object
 
     def names(self) -> list[str]:
         return sorted(self.entries)
@@ -36,13 +36,13 @@ class Registry:
     def register(self, name: str, target: str) -> None:
         """Add `name` -> "module:attr" (tests and plugins; the tree uses `entries`)."""
         self.entries[name] = target
-        self._loaded.pop(name, None)
 
     def get(self, name: str) -> Any:
         """The object registered as `name`, or at a "module:attr" path."""
-        if name in self._loaded:
-            return self._loaded[name]
         target = self.entries.get(name, name)
+        key = (name, target if isinstance(target, str) else id(target))
+        if key in self._loaded:  # keyed by the target too: a changed entry loads afresh
+            return self._loaded[key]
         if not isinstance(target, str):  # a record registered as itself
             obj = target
         else:
@@ -63,7 +63,7 @@ class Registry:
                 raise
             except (TypeError, ValueError) as e:
                 raise self._error(f"{self.key} {name!r}: {target}: {e}") from None
-        self._loaded[name] = obj
+        self._loaded[key] = obj
         return obj
 
     def able(self, ability: str, names: list[str] | None = None) -> list[str]:

@@ -1,4 +1,4 @@
-"""`traingym.envs.evaluate(...)` and `traingym eval`: a model, checkpoint or endpoint on a task.
+"""`traingym.evaluate(...)` and `traingym eval`: a model, checkpoint or endpoint on a task.
 
 An eval repeats what a run's held-out evaluation does (run.py Run.evaluate): greedy (1 sample)
 and sampled (eval.samples_per_prompt samples at rollout.temperature) episodes of every eval

@@ -83,7 +83,7 @@ class TorchTrainer:
             from traingym.algorithms.grpo import GRPO
 
             algorithm = GRPO()
-        if getattr(algorithm, "needs_teacher", False) and teacher is None:
+        if algorithm.needs_teacher and teacher is None:
             raise ValueError(f"algorithm {type(algorithm).__name__} needs a teacher "
                              "(distill.teacher) and none was given")
         self.algorithm = algorithm
@@ -150,7 +150,7 @@ class TorchTrainer:
             with trace.span("reference_logprobs", cat="trainer"):
                 refs = [self._no_grad_logp(self.reference, r) for r in rows]
         teacher = None
-        if getattr(algo, "needs_teacher", False):  # once per batch, before its micro-batches
+        if algo.needs_teacher:  # once per batch, before its micro-batches
             teacher = self.teacher.logprobs(self, groups, chunks, rows)
         targets, token_adv, extra = None, None, {}
         if self.value_head is not None:  # V_old, GAE: once per batch, before the update
