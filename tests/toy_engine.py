@@ -30,11 +30,11 @@ class RecomputeEngine:
     abilities = EngineAbilities(takes_weights=True, inflight_updates=False,
                                 crosses_processes=True)
     @classmethod
-    def from_config(cls, cfg, model, tokenizer, options):
+    def from_context(cls, ctx, model, tokenizer, options):
         if os.environ.get("TOY_ENGINE_LOG"):  # tests read which processes built one
             with open(os.environ["TOY_ENGINE_LOG"], "a") as f:
                 f.write(f"{os.getpid()}\n")
-        return cls(copy.deepcopy(model).to(engine_dtype(cfg.model.engine_dtype)), tokenizer)
+        return cls(copy.deepcopy(model).to(engine_dtype(ctx.dtype)), tokenizer)
 
     def __init__(self, model, tokenizer):
         self.model, self.tok = model.eval(), tokenizer

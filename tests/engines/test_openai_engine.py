@@ -384,15 +384,16 @@ def test_max_concurrency_bounds_requests_in_flight(server, setup):
 
 
 def test_read_only_registry_health_and_training_refused(server, setup):
-    from traingym.core.errors import ConfigError
+    from traingym.config.engines import engine_context
     from traingym.config.load import build_config
+    from traingym.core.errors import ConfigError
     from traingym.rollout import registry
     from traingym.rollout.openai_engine import OpenAIEngine, ReadOnlyEngine
 
     model, tok, _, _ = setup
     cfg = build_config(overrides={"rollout": {"engine": "openai", "engine_options": {
         "base_url": server.url}}})
-    eng = registry.build_engine(cfg, model, tok)
+    eng, _ = registry.build(engine_context(cfg), model, tok)
     assert isinstance(eng, OpenAIEngine) and eng.model == SERVED
     assert not eng.abilities.takes_weights and eng.abilities.crosses_processes
     h = eng.health()
@@ -402,13 +403,13 @@ def test_read_only_registry_health_and_training_refused(server, setup):
     with pytest.raises(ReadOnlyEngine, match="cannot be read"):
         eng.state_hash()
     with pytest.raises(ConfigError, match="read-only"):
-        registry.check_engine(cfg)
+        registry.check_engine(cfg.rollout.engine)
     with pytest.raises(ValueError, match="NAME of an environment variable"):
         OpenAIEngine.Options(base_url=server.url, api_key_env="sk-123-secret")
     eng.close()
     with pytest.raises(RuntimeError, match="after close"):
         run(eng, [GenerationRequest((1, 2), 1)])
-    live = registry.build_engine(cfg, model, tok)
+    live, _ = registry.build(engine_context(cfg), model, tok)
     live.http.base = f"http://127.0.0.1:{free_port()}"  # its server went away
     h = live.health()
     assert h["ok"] is False and "ConnectError" in h["error"] and h["url"] == server.url
@@ -423,8 +424,8 @@ def test_traingym_evaluate_runs_on_the_endpoint(server, setup):
     cfg = build_config(overrides={"rollout": {"max_new_tokens": 6},
                                   "eval": {"samples_per_prompt": 2},
                                   "model": {"engine_dtype": "float32"}})  # as the server's
-    res = {name: traingym.envs.evaluate("embedded", config=cfg, dataset=rows[:6], engine=name,
-                                   engine_options=opts, reward=exact_answer, pass_k=(1, 2))
+    res = {name: traingym.evaluate("embedded", config=cfg, dataset=rows[:6], engine=name,
+                              engine_options=opts, reward=exact_answer, pass_k=(1, 2))
            for name, opts in (("openai", {"base_url": server.url}), ("torch", {}))}
     ep, builtin = res["openai"], res["torch"]
     assert ep.summary["engine"] == "openai" and ep.summary["num_prompts"] == 6

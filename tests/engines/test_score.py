@@ -109,13 +109,12 @@ def llama32(tmp_path_factory):
 
 def test_vllm_scores_equal_the_builtin_engines(llama32):
     require_vllm_venv()
-    import traingym
+    from traingym.rollout.context import EngineContext
     from traingym.rollout.vllm_engine import VLLMEngine
 
     model, tok = llama32
-    cfg = traingym.build_config("tiny", overrides={"model": {"engine_dtype": "float32"}})
-    vllm = VLLMEngine.from_config(cfg, model, tok,
-                                  VLLMEngine.Options(max_model_len=64, cpu_threads=1))
+    vllm = VLLMEngine.from_context(EngineContext(model="tiny", dtype="float32"), model, tok,
+                                   VLLMEngine.Options(max_model_len=64, cpu_threads=1))
     try:
         assert vllm.scaled_scores
         ours = TorchEngine(model, tok.pad_token_id)

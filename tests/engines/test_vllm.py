@@ -27,6 +27,7 @@ import traingym
 from traingym.envs.render import PromptRenderer
 from traingym.models.loader import load_policy
 from traingym.rollout.base import EngineUnavailable
+from traingym.rollout.context import EngineContext
 from traingym.core.types import GenerationRequest, SamplingParams
 from traingym.weights.colocated import ColocatedSync, wire_state
 from traingym.weights.hashing import state_hash
@@ -39,6 +40,9 @@ PROMPTS = ["What is 3 + 4?", "What is 7 * 6?", "Name a colour.", "What is 9 - 5?
 
 def _cfg(**over):
     return traingym.build_config(overrides={"model": {"engine_dtype": "float32"}, **over})
+
+
+FLOAT32 = EngineContext(dtype="float32")  # the engine as _cfg()'s run would build it
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +59,8 @@ def engine(policy):
     model, tok = policy
     # One thread: the tests' batches are small, and two threads fared far worse on a shared
     # machine whose cores other processes held.
-    eng = VLLMEngine.from_config(_cfg(), model, tok,
-                                 VLLMEngine.Options(max_model_len=256, cpu_threads=1))
+    eng = VLLMEngine.from_context(FLOAT32, model, tok,
+                                  VLLMEngine.Options(max_model_len=256, cpu_threads=1))
     yield eng
     eng.close()
     assert not eng.work_dir.exists()
@@ -205,17 +209,17 @@ def test_worker_that_cannot_start(policy, tmp_path):
     model, tok = policy
     t0 = time.monotonic()
     with pytest.raises(EngineUnavailable, match="no interpreter.*setup_vllm.sh"):
-        VLLMEngine.from_config(_cfg(), model, tok,
-                               VLLMEngine.Options(python=str(tmp_path / "nope" / "python"),
-                                                  work_dir=str(tmp_path / "w1")))
+        VLLMEngine.from_context(FLOAT32, model, tok,
+                                VLLMEngine.Options(python=str(tmp_path / "nope" / "python"),
+                                                   work_dir=str(tmp_path / "w1")))
     assert time.monotonic() - t0 < 5
     assert not (tmp_path / "w1").exists()  # refused before anything was written
     # The tiny preset's heads are 16 wide; vLLM-CPU's attention kernels take 32 and up.
     tiny, tiny_tok = load_policy("tiny")
     t0 = time.monotonic()
     with pytest.raises(EngineUnavailable, match="(?s)exited.*head_dim=16"):
-        VLLMEngine.from_config(traingym.build_config("tiny"), tiny, tiny_tok,
-                               VLLMEngine.Options(work_dir=str(tmp_path / "w2")))
+        VLLMEngine.from_context(EngineContext(model="tiny"), tiny, tiny_tok,
+                                VLLMEngine.Options(work_dir=str(tmp_path / "w2")))
     assert time.monotonic() - t0 < 120
     assert list((tmp_path / "w2").iterdir()) == []
 

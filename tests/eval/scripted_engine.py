@@ -22,8 +22,8 @@ class ScriptedEngine:
                                 crosses_processes=False)
 
     @classmethod
-    def from_config(cls, cfg, model, tokenizer, options):
-        assert model is None  # a read-only engine is given no model (eval_specs.py)
+    def from_context(cls, ctx, model, tokenizer, options):
+        assert model is None  # a read-only engine is given no model (eval/specs.py)
         return cls(tokenizer)
 
     def __init__(self, tokenizer):

@@ -51,7 +51,8 @@ def test_transformers_loads_it_and_logits_match(tiny_run, exported):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     from traingym.config.load import build_config
-    from traingym.rollout.registry import build_engine
+    from traingym.config.engines import engine_context
+    from traingym.rollout.registry import build
     from traingym.core.types import GenerationRequest, SamplingParams
 
     names = {p.name for p in exported.iterdir()}
@@ -69,7 +70,7 @@ def test_transformers_loads_it_and_logits_match(tiny_run, exported):
     with torch.no_grad():
         hf_logits = hf(x).logits[0]  # (T, V)
         assert torch.equal(hf_logits, model(x).logits[0])  # the same weights, bitwise
-    engine = build_engine(build_config("tiny"), model, tok)
+    engine, _ = build(engine_context(build_config("tiny")), model, tok)
     assert engine.fused is not None  # the engine's own decode path, not HF's forward
     # prefill logits of the engine at the last prompt position
     from traingym.core.padding import left_pad

@@ -71,7 +71,9 @@ def engine(setup):
 
     cfg, model, tok, _ = setup
     t0 = time.perf_counter()
-    eng = registry.build_engine(cfg, model, tok)
+    from traingym.config.engines import engine_context
+
+    eng, _ = registry.build(engine_context(cfg), model, tok)
     RESULTS["start_s"] = time.perf_counter() - t0
     yield eng
     eng.close()

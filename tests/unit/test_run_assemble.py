@@ -21,9 +21,9 @@ def test_a_failure_after_build_trainer_closes_the_trainer_and_the_engine(tmp_pat
         return t
 
     def engine(*args, **kwargs):
-        e = real_engine(*args, **kwargs)
+        e, tok = real_engine(*args, **kwargs)
         monkeypatch.setattr(e, "close", lambda: closed.append("engine"))
-        return e
+        return e, tok
 
     class FailingSync:
         def __init__(self, *args, **kwargs):

@@ -3,8 +3,8 @@ only through the weight-sync Subscriber (hash-verified), and turn prompts into s
 
 Runs under multiprocessing `spawn` (cluster/local.py starts it). What it does, in order:
 1. one torch thread; model and tokenizer built from `cfg.model` exactly as the trainer builds
-   them, the engine built on them by `rollout.engine` (rollout/registry.py: any engine whose
-   abilities say it crosses processes), the tokenizer's fingerprint reported so the trainer
+   them, the engine built on them by `rollout.engine` (rollout/registry.py `build`, from the
+   run's EngineContext: any engine whose abilities say it crosses processes), the tokenizer's fingerprint reported so the trainer
    can check that ids mean the same;
 2. a Subscriber over the run's transport (its receiver class comes in the spec, from
    weights/registry.py); the engine serves nothing until it holds a verified version >= the
@@ -52,6 +52,8 @@ import xxhash
 
 from traingym.models.families import stop_token_ids
 from traingym.core import trace
+from traingym.rollout.context import EngineContext
+from traingym.rollout.registry import build
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,6 @@ class EngineProcess:
         from traingym.envs.single_turn import SingleTurnFactory
         from traingym.models.loader import load_policy
         from traingym.rollout.base import UNSERVED
-        from traingym.rollout.registry import build_engine
         from traingym.envs.runner import EpisodeLimits, RolloutRunner
         from traingym.core.types import SamplingParams
         from traingym.weights.sync import Subscriber, SubscriberConfig
@@ -137,7 +138,10 @@ class EngineProcess:
         self.requests, self.results, self.parent = requests, results, os.getppid()
         self.role = spec.role
         model, tok = load_policy(cfg.model.path, seed=cfg.seed)
-        self.engine = build_engine(cfg, model, tok, spec.engine)  # rollout/registry.py
+        # config/engines.py engine_context's fields (this layer sits below the config's)
+        ctx = EngineContext(r.engine, dict(r.engine_options), cfg.model.path,
+                            cfg.model.engine_dtype, r.max_batch_rows, cfg.seed)
+        self.engine, _ = build(ctx, model, tok, spec.engine)  # rollout/registry.py
         del model  # the engine holds its own copy
         self.engine.version = UNSERVED  # the built weights are never served
         make, transport = spec.receiver, spec.transport

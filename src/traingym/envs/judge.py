@@ -53,6 +53,8 @@ from traingym.envs.judge_config import (  # noqa: F401 (re-exported: the judge's
     parse_score,
     template_fields,
 )
+from traingym.rollout.context import EngineContext
+from traingym.rollout.registry import build
 
 
 class JudgeError(RuntimeError):
@@ -176,26 +178,14 @@ class Judge:
 
 
 def build_judge(cfg: JudgeConfig) -> Judge:
-    """The judge's engine through the engine registry, on the judge's model (a checkpoint
+    """The judge's engine through the engine registry (rollout/registry.py `build`), from an
+    EngineContext of the judge's section: on the judge's model (models/spec.py: a checkpoint
     folder's weights loaded over its run's base model) or, for an engine that takes no
     weights, with the tokenizer of `cfg.model` only."""
-    from traingym.config.schema import Config
-    from traingym.eval.specs import _tokenizer, load_weights, resolve_spec, run_config
-    from traingym.models.loader import load_policy
-    from traingym.rollout import registry
-
-    cls = registry.get(cfg.engine)
-    options = registry.options(cfg.engine, cfg.engine_options)
-    engine_cfg = Config(model={"path": "tiny", "engine_dtype": cfg.dtype},
-                        rollout={"engine": cfg.engine, "engine_options": cfg.engine_options})
-    if not cls.abilities.takes_weights:
-        tok = _tokenizer(cfg.model)
-        return Judge(cfg, cls.from_config(engine_cfg, None, tok, options), tok)
-    spec = resolve_spec(cfg.model)
-    model, tok = load_policy(spec.model_path, seed=cfg.seed)
-    if spec.checkpoint is not None:
-        load_weights(model, run_config(spec.run_dir), spec.checkpoint)
-    return Judge(cfg, cls.from_config(engine_cfg, model, tok, options), tok)
+    ctx = EngineContext(engine=cfg.engine, options=dict(cfg.engine_options), model=cfg.model,
+                        dtype=cfg.dtype, seed=cfg.seed)
+    engine, tok = build(ctx)
+    return Judge(cfg, engine, tok)
 
 
 def outcome(cfg: JudgeConfig, verdict: Verdict, example: dict[str, Any],

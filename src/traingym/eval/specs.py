@@ -1,13 +1,9 @@
 """What `traingym eval` evaluates: a model spec, its eval config and rows, the engine, and the
 check that eval prompts were not training prompts of the run under test.
 
-A model spec is one of:
-- "embedded" or "tiny" (models/loader.py), or a Hugging Face model folder (an exported
-  checkpoint included);
-- a checkpoint folder `RUN/checkpoints/step_N` (committed and verified against its manifest;
-  its run's config.json, two levels up, names the base model the weights belong to);
-- a run directory (its latest committed checkpoint);
-- "base" inside a comparison: the base model (model.path) of the other side's run.
+A model spec is one of those models/spec.py resolves ('embedded', 'tiny', a Hugging Face
+model folder, a checkpoint folder `RUN/checkpoints/step_N`, a run directory) or, inside a
+comparison, "base": the base model (model.path) of the other side's run.
 
 The eval config is the run's own config for a checkpoint or run directory (so an eval
 repeats the run's held-out evaluation: same rows, seed, temperature, samples, token limit),
@@ -25,66 +21,29 @@ string or message list), not fuzzily.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from traingym.runs import checkpoint
+from traingym.config.engines import engine_context
 from traingym.config.schema import Config
 from traingym.core.errors import ConfigError
+from traingym.models import spec as model_spec
+from traingym.rollout import registry
+from traingym.models.spec import ModelSpec  # noqa: F401 (re-exported)
 from traingym.runs.index import is_run_dir  # noqa: F401 (re-exported)
 
 from traingym.config.load import RUN_CONFIG, run_config, run_config_data  # noqa: F401
 
 
-@dataclass
-class ModelSpec:
-    text: str  # as the user gave it
-    model_path: str  # what load_policy loads: the base model for a checkpoint
-    checkpoint: Path | None = None  # a committed checkpoint folder whose weights are loaded
-    run_dir: Path | None = None  # the run the checkpoint belongs to
-
-    def describe(self) -> dict:
-        return {"spec": self.text, "model_path": self.model_path,
-                "checkpoint": str(self.checkpoint) if self.checkpoint else None,
-                "run_dir": str(self.run_dir) if self.run_dir else None}
-
-
 def resolve_spec(text: str | Path, other: ModelSpec | None = None) -> ModelSpec:
-    """The model a spec names (module docstring); FileNotFoundError / ConfigError name the fix."""
-    text = str(text)
-    if text in ("embedded", "tiny"):
-        return ModelSpec(text, text)
-    if text == "base":
+    """The model a spec names (module docstring; models/spec.py `resolve` for all but
+    'base'); FileNotFoundError / ConfigError name the fix."""
+    if str(text) == "base":
         if other is None or other.run_dir is None:
             raise ConfigError("'base' means the base model of the other side's run: compare it "
                               "with a checkpoint or run directory (e.g. --compare base RUN_DIR)")
-        return ModelSpec(text, run_config(other.run_dir).model.path)
-    path = Path(text).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"model {text!r}: no such file or folder; give 'embedded', "
-                                "'tiny', a model folder, a run directory or a checkpoint folder")
-    if (path / checkpoint.MARKER).exists() or path.name.startswith("step_"):
-        try:
-            checkpoint.verify(path)
-        except (checkpoint.CheckpointError, FileNotFoundError) as e:
-            raise ConfigError(f"checkpoint {path}: {e}; use a committed checkpoint") from None
-        run_dir = path.parent.parent
-        if not is_run_dir(run_dir):
-            raise FileNotFoundError(f"checkpoint {path}: its run's config.json ({run_dir}/"
-                                    f"{RUN_CONFIG}) is missing, so its base model is unknown; "
-                                    "keep checkpoints inside their run directory")
-        return ModelSpec(text, run_config(run_dir).model.path, path, run_dir)
-    if is_run_dir(path):
-        saved = checkpoint.committed(path / "checkpoints")
-        if not saved:
-            raise FileNotFoundError(f"run {path} has no committed checkpoint yet; wait for one "
-                                    "or give its base model")
-        return ModelSpec(text, run_config(path).model.path, saved[-1], path)
-    from traingym.models.loader import check_model_path
-
-    check_model_path(str(path))  # a model folder (its config.json), or a named error
-    return ModelSpec(text, str(path))
+        return ModelSpec("base", model_spec.base_model(other.run_dir))
+    return model_spec.resolve(text)
 
 
 def prompt_key(row: dict) -> str:
@@ -166,30 +125,26 @@ def check_overlap(rows: list[dict], spec: ModelSpec, allow: bool) -> dict:
 
 
 def build_engine_for(cfg: Config, spec: ModelSpec) -> tuple[Any, Any]:
-    """(engine, tokenizer) for `spec` through the engine registry. An engine that takes no
-    weights (a read-only endpoint, e.g. rollout.engine='openai') gets no model (None): it
-    serves its own weights, and a checkpoint or run spec then names only the run's config,
-    tokenizer and training rows (`weights_source` says so in the eval summary)."""
-    from traingym.models.loader import load_policy
-    from traingym.rollout import registry
-
+    """(engine, tokenizer) for `spec` through the engine registry (rollout/registry.py
+    `build`, from the eval config's EngineContext). An engine that takes no weights (a
+    read-only endpoint, e.g. rollout.engine='openai') gets no model (None): it serves its own
+    weights, and a checkpoint or run spec then names only the run's config, tokenizer and
+    training rows (`weights_source` says so in the eval summary)."""
+    ctx = engine_context(cfg)
     try:
-        cls = registry.get(cfg.rollout.engine)
-        options = registry.options(cfg.rollout.engine, cfg.rollout.engine_options)
+        cls = registry.get(ctx.engine)
+        registry.options(ctx.engine, ctx.options)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if not cls.abilities.takes_weights:
-        tok = _tokenizer(cfg.model.path)
-        return cls.from_config(cfg, None, tok, options), tok
-    model, tok = load_policy(cfg.model.path, seed=cfg.seed)
-    if spec.checkpoint is not None:
-        load_weights(model, cfg, spec.checkpoint)
-    return cls.from_config(cfg, model, tok, options), tok
+        return registry.build(ctx, tokenizer=model_spec.tokenizer(cfg.model.path))
+    # the spec is resolved (its checkpoint verified) already: load it, not ctx.model again
+    model, tok = model_spec.load(ModelSpec(spec.text, cfg.model.path, spec.checkpoint,
+                                           spec.run_dir), seed=cfg.seed)
+    return registry.build(ctx, model, tok)
 
 
 def weights_source(cfg: Config, spec: ModelSpec) -> str:
-    from traingym.rollout import registry
-
     if not registry.get(cfg.rollout.engine).abilities.takes_weights:
         return (f"the endpoint's own (rollout.engine={cfg.rollout.engine!r} takes no weights; "
                 f"{spec.text} gave the config, tokenizer and training rows only)")
@@ -197,42 +152,9 @@ def weights_source(cfg: Config, spec: ModelSpec) -> str:
 
 
 def load_weights(model, cfg: Config, folder: Path) -> None:
-    """Put checkpoint `folder`'s weights into the base `model` (in place). A LoRA run's
-    checkpoint (lora.rank > 0) holds the adapter-injected state: it is loaded into an injected
-    copy and merged (W + (alpha/r) B A in float32, trainer/lora.py merged_state), which is what
-    the run's engine served with lora.sync='merged' (and, with a float32 engine, 'adapter')."""
-    from safetensors.torch import load_model
-
-    lora = getattr(cfg, "lora", None)
-    target = model
-    if lora is not None and lora.rank > 0:
-        import copy
-
-        from traingym.trainer.lora import apply_lora
-
-        target = apply_lora(copy.deepcopy(model), lora)
-    missing, unexpected = load_model(target, str(folder / "model.safetensors"))
-    if missing or unexpected:
-        raise ConfigError(f"checkpoint {folder} does not fit model.path={cfg.model.path!r} "
-                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    if target is not model:
-        from traingym.trainer.lora import merged_state
-
-        model.load_state_dict(merged_state(target), strict=True)
-
-
-def _tokenizer(path: str):
-    from traingym.models.loader import resolve_path, tiny_tokenizer
-
-    folder = resolve_path(path)
-    if folder is None:
-        return tiny_tokenizer()
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(folder)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
+    """Put checkpoint `folder`'s weights into the base `model` (in place), a LoRA run's
+    (cfg.lora.rank > 0) merged (models/spec.py `load_checkpoint`)."""
+    model_spec.load_checkpoint(model, folder, getattr(cfg, "lora", None), cfg.model.path)
 
 
 def make_factory(cfg: Config, tokenizer, reward: Callable | None, env, group_reward,

@@ -22,6 +22,7 @@ from traingym.runs import checkpoint
 
 from traingym.runs import lock as runlock
 from traingym.cluster.preflight import check_cluster
+from traingym.config.engines import engine_context
 from traingym.config.schema import Config
 from traingym.core.errors import ConfigError
 from traingym.envs.base import EnvFactory
@@ -42,7 +43,7 @@ from traingym.core.precision import engine_dtype
 from traingym.runs.preempt import Preemption, RunPreempted
 from traingym.envs.runner import EpisodeLimits, RolloutRunner
 from traingym.rollout.base import RolloutEngine
-from traingym.rollout.registry import build_engine, check_engine
+from traingym.rollout.registry import build as build_engine, check_engine
 from traingym.trainer.base import Trainer
 from traingym.loop.trainer import build_trainer
 from traingym.core.types import SamplingParams
@@ -228,7 +229,8 @@ def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_datas
     caller releases it (api.train does, last); a lock never released ends with the process."""
     inputs = resolve_inputs(cfg, dataset, eval_dataset, reward, env, group_reward)
     check_model_path(cfg.model.path)  # before the run directory exists
-    check_engine(cfg)  # the engine can do what the run asks of it (rollout/registry.py)
+    check_engine(cfg.rollout.engine, cfg.mode,  # the engine can do what the run asks of it
+                 cfg.async_.inflight_updates)
     check_cluster(cfg.cluster)  # ray importable, its address answers (cluster/preflight.py)
     lock = take_run_dir(run_dir, cfg, resume)
     if cfg.observability.trace:  # this process's shard; started processes add theirs
@@ -267,7 +269,7 @@ def _build_run(cfg: Config, run_dir: Path, resume: bool, inputs: Inputs,
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     model, tok = load_policy(cfg.model.path, seed=cfg.seed)
-    engine = build_engine(cfg, model, tok)  # its own copy of the weights
+    engine, _ = build_engine(engine_context(cfg), model, tok)  # its own copy of the weights
     if cfg.lora.rank > 0:  # lora.sync='adapter': the engine merges adapters (trainer/lora.py)
         from traingym.trainer.lora import wrap_engine
 

@@ -2,7 +2,7 @@
 
 Every engine (rollout/registry.py: torch, vllm, sglang, openai, or a 'module:Class' path)
 implements `RolloutEngine`, and every caller (the sync loop, async engine processes, Ray
-actors, evaluation, serving) builds engines through `registry.build_engine` and uses only
+actors, evaluation, serving) builds engines through `registry.build` and uses only
 what is declared here.
 
 Contract of `generate`: token ids in, token ids out, never text; each completion carries the

@@ -142,7 +142,7 @@ class OpenAIEngine:
     """Always 0: the server serves its own weights, which no traingym trainer publishes."""
 
     @classmethod
-    def from_config(cls, cfg, model, tokenizer, options: Options) -> OpenAIEngine:
+    def from_context(cls, ctx, model, tokenizer, options: Options) -> OpenAIEngine:
         """`model` is not used (the server has its own weights); `tokenizer` checks ids."""
         return cls(options, tokenizer)
 
@@ -409,7 +409,7 @@ class OpenAIEngine:
         tok = self.tokenizer
         if tok is None:
             raise TokenDrift(f"openai engine: {url} returns tokens as strings and the engine "
-                             "has no tokenizer to map them; build it through from_config")
+                             "has no tokenizer to map them; build it through rollout.registry.build")
         known = piece_ids(tok).get(piece)  # the one id written so (text, or bytes:\xNN)
         if known is not None:
             return known

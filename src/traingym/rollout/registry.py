@@ -1,13 +1,16 @@
-"""The rollout engines, one registry: name -> "module:Class", imported on first use.
+"""The rollout engines, one `Registry` (core/registry.py): name -> "module:Class", lazy; and
+`build`, the one way to build an engine.
 
 An engine is one file with a class that implements rollout/base.py's `RolloutEngine` and
 two class-level members:
 
 - `Options`: a pydantic model of its own settings, read from `rollout.engine_options` (the
   config validator checks them when the config is built, before any work starts);
-- `from_config(cfg, model, tokenizer, options) -> engine`: `cfg` is the run's Config,
-  `model`/`tokenizer` the policy as traingym loaded it (the engine's starting weights; an
-  engine may copy, convert or save them; it must not keep training's model object).
+- `from_context(ctx, model, tokenizer, options) -> engine`: `ctx` an EngineContext
+  (rollout/context.py: dtype, rows per batch, seed), `model`/`tokenizer` the weights as
+  traingym loaded them (an engine may copy, convert or save them; it must not keep the
+  caller's model object; an engine that takes no weights may get None), `options` its
+  validated Options;
 
 plus one line in `ENGINES`. A run picks one with `rollout.engine`: a name here, or a
 "module:Class" path to a class in any importable package. Engine modules import their heavy
@@ -17,10 +20,13 @@ imports them.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from traingym.core.errors import ConfigError, did_you_mean
+from traingym.core.registry import Registry, RegistryError
+from traingym.models import spec as model_spec
 from traingym.rollout.base import EngineAbilities, RolloutEngine  # noqa: F401 (re-exported)
+from traingym.rollout.context import EngineContext  # noqa: F401 (re-exported)
 
 ENGINES: dict[str, str] = {
     "torch": "traingym.rollout.torch_engine:TorchEngine",
@@ -29,9 +35,21 @@ ENGINES: dict[str, str] = {
     "sglang": "traingym.rollout.sglang_engine:SGLangEngine",
 }
 
+MEMBERS = ("Options", "from_context", "generate", "update_weights")
 
-class UnknownEngine(ValueError):
-    pass
+
+class UnknownEngine(RegistryError):
+    """An unknown rollout.engine, a path that does not import, or a class that is no engine."""
+
+
+def _engine_class(name: str, cls):
+    missing = [m for m in MEMBERS if not hasattr(cls, m)]
+    if missing:
+        raise TypeError(f"is not an engine class (it lacks {missing}; see rollout/registry.py)")
+    return cls
+
+
+REGISTRY = Registry("rollout.engine", ENGINES, check=_engine_class, error=UnknownEngine)
 
 
 def names() -> list[str]:
@@ -40,32 +58,13 @@ def names() -> list[str]:
 
 def get(name: str) -> type:
     """The engine class for a registry name or a 'module:Class' path."""
-    from traingym.core.errors import did_you_mean
-
-    target = ENGINES.get(name, name)
-    if ":" not in target:
-        raise UnknownEngine(f"unknown rollout.engine {name!r}; choose one of {names()} or give "
-                            f"a 'module:Class' path{did_you_mean(name, ENGINES)}")
-    module, _, attr = target.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, SyntaxError) as e:
-        raise UnknownEngine(f"rollout.engine {name!r}: cannot load {target}: "
-                            f"{type(e).__name__}: {e}") from e
-    missing = [m for m in ("Options", "from_config", "generate", "update_weights")
-               if not hasattr(cls, m)]
-    if missing:
-        raise UnknownEngine(f"rollout.engine {name!r}: {target} is not an engine class "
-                            f"(it lacks {missing}; see rollout/registry.py)")
-    return cls
+    return REGISTRY.get(name)
 
 
 def options(name: str, raw: dict[str, Any]):
     """The engine's validated Options from `rollout.engine_options`; a ValueError names each
     bad option, what is wrong with it, and the engine's options."""
     from pydantic import ValidationError
-
-    from traingym.core.errors import did_you_mean
 
     model = get(name).Options
     try:
@@ -81,28 +80,39 @@ def options(name: str, raw: dict[str, Any]):
                          f"(its options: {known})") from None
 
 
-def build_engine(cfg, model, tokenizer, cls: type | None = None) -> RolloutEngine:
-    """The run's engine, as `rollout.engine` names it (or `cls`, the class already resolved:
-    an engine process gets it from the trainer's process, whose registry may hold names its
-    own does not), on `model`'s weights."""
-    cls = cls or get(cfg.rollout.engine)
-    return cls.from_config(cfg, model, tokenizer, cls.Options(**cfg.rollout.engine_options))
+def build(ctx: EngineContext, model=None, tokenizer=None, cls: type | None = None):
+    """(engine, tokenizer) as `ctx` describes. Given `model` (and its `tokenizer`: the run's
+    policy), the engine is built on it; else `ctx.model` (a model spec, models/spec.py) is
+    loaded, or for an engine that takes no weights only its tokenizer (unless given).
+    `cls`: the engine class already resolved (an engine process gets it from the trainer's
+    process, whose registry may hold names its own does not)."""
+    if cls is None:
+        cls = get(ctx.engine)
+        opts = options(ctx.engine, ctx.options)
+    else:
+        opts = cls.Options(**ctx.options)
+    if model is None and cls.abilities.takes_weights:
+        model, tokenizer = model_spec.load(ctx.model, seed=ctx.seed)
+    elif tokenizer is None:
+        if model is not None:
+            raise ValueError("rollout.registry.build: a model was given without its tokenizer")
+        tokenizer = model_spec.tokenizer(model_spec.resolve(ctx.model).model_path)
+    return cls.from_context(ctx, model, tokenizer, opts), tokenizer
 
 
-def check_engine(cfg) -> None:
-    """Fail before any work when the run asks of its engine what the engine cannot do."""
-    from traingym.core.errors import ConfigError
-
-    name, can = cfg.rollout.engine, get(cfg.rollout.engine).abilities
+def check_engine(name: str, mode: str = "sync", inflight_updates: bool = False) -> None:
+    """Fail before any work when a run (its `rollout.engine`, `mode`, and
+    `async.inflight_updates`) asks of its engine what the engine cannot do."""
+    can = get(name).abilities
     if not can.takes_weights:
         raise ConfigError(f"rollout.engine={name!r} is read-only (it takes no weight updates): "
                           "it can evaluate, judge or teach, not train; train with an engine "
                           f"that takes weights ({_able('takes_weights')})")
-    if cfg.mode == "async" and not can.crosses_processes:
+    if mode == "async" and not can.crosses_processes:
         raise ConfigError(f"mode='async' builds engines in their own processes from the config; "
                           f"rollout.engine={name!r} cannot be: use {_able('crosses_processes')} "
                           "or mode='sync'")
-    if cfg.mode == "async" and cfg.async_.inflight_updates and not can.inflight_updates:
+    if mode == "async" and inflight_updates and not can.inflight_updates:
         raise ConfigError(f"async.inflight_updates needs an engine that swaps weights between "
                           f"decode steps; rollout.engine={name!r} does not: use "
                           f"{_able('inflight_updates')} or turn async.inflight_updates off")
@@ -111,4 +121,4 @@ def check_engine(cfg) -> None:
 def _able(ability: str) -> str:
     """The registered engines with `ability`, for error messages (loads each engine class;
     their heavy dependencies are imported only when an engine is built)."""
-    return " or ".join(repr(n) for n in names() if getattr(get(n).abilities, ability))
+    return " or ".join(repr(n) for n in REGISTRY.able(ability, names()))

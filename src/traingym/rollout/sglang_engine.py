@@ -1,7 +1,7 @@
 """Rollout engine over an SGLang server (GPU only: the `sglang` wheels are CUDA builds), through
 SGLang's native HTTP API.
 
-Start: `from_config` writes the run's starting weights (the policy traingym loaded, cast to
+Start: `from_context` writes the run's starting weights (the policy traingym loaded, cast to
 `model.engine_dtype`) as a safetensors folder with the model's config and tokenizer, and runs
 `python -m sglang.launch_server --model-path <folder> --host 127.0.0.1 --port <free> ...` with
 `Options.python` (an interpreter that has sglang; default: this one), its output in
@@ -113,11 +113,11 @@ class SGLangEngine:
                                 crosses_processes=True)
 
     @classmethod
-    def from_config(cls, cfg, model, tokenizer, options: Options) -> SGLangEngine:
+    def from_context(cls, ctx, model, tokenizer, options: Options) -> SGLangEngine:
         from traingym.core.precision import engine_dtype
 
-        # the dtype the run's weight sync sends (run.py resolves model.engine_dtype the same way)
-        return cls(model, tokenizer, options, engine_dtype(cfg.model.engine_dtype), cfg.seed)
+        # the dtype the run's weight sync sends (the run resolves model.engine_dtype the same way)
+        return cls(model, tokenizer, options, engine_dtype(ctx.dtype), ctx.seed)
 
     def __init__(self, model, tokenizer, options: Options, dtype: torch.dtype = torch.bfloat16,
                  seed: int = 0):

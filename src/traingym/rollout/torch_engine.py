@@ -86,11 +86,10 @@ class TorchEngine:
                                 scores_at_any_temperature=True)
 
     @classmethod
-    def from_config(cls, cfg, model, tokenizer, options: Options) -> TorchEngine:
-        """A copy of `model` in `model.engine_dtype`, decoding `rollout.max_batch_rows` rows
-        at once."""
-        return cls(copy.deepcopy(model), tokenizer.pad_token_id, cfg.rollout.max_batch_rows,
-                   engine_dtype(cfg.model.engine_dtype), fused=options.fused,
+    def from_context(cls, ctx, model, tokenizer, options: Options) -> TorchEngine:
+        """A copy of `model` in `ctx.dtype`, decoding `ctx.max_batch_rows` rows at once."""
+        return cls(copy.deepcopy(model), tokenizer.pad_token_id, ctx.max_batch_rows,
+                   engine_dtype(ctx.dtype), fused=options.fused,
                    score_tokens=options.score_tokens)
 
     def __init__(self, model, pad_token_id: int, max_batch_rows: int = 64, dtype=None,

@@ -101,10 +101,10 @@ class VLLMEngine:
                                 scores_at_any_temperature=True)
 
     @classmethod
-    def from_config(cls, cfg, model, tokenizer, options: Options) -> VLLMEngine:
-        """Save `model` (in model.engine_dtype) and `tokenizer` to a work folder; start the
-        worker on it and wait until it serves."""
-        dtype = engine_dtype(cfg.model.engine_dtype)
+    def from_context(cls, ctx, model, tokenizer, options: Options) -> VLLMEngine:
+        """Save `model` (in `ctx.dtype`: model.engine_dtype) and `tokenizer` to a work folder;
+        start the worker on it and wait until it serves."""
+        dtype = engine_dtype(ctx.dtype)
         if options.dtype != "auto" and getattr(torch, options.dtype) != dtype:
             raise ValueError(f"rollout.engine_options.dtype={options.dtype!r} but "
                              f"model.engine_dtype resolves to {dtype}: the trainer sends "

@@ -6,9 +6,11 @@ The argument is one of:
 - a run directory: its newest committed checkpoint;
 - a local Hugging Face model folder (config.json + weights), 'embedded' or 'tiny'.
 
-The engine is built through the engine seam (`rollout.registry.build_engine`) from the run's
-config (or the default config around the model), with `--set` overrides on top, e.g.
-`--set rollout.engine=vllm`. Not covered: LoRA adapters, several models in one server.
+The engine is built through the engine seam (`rollout.registry.build`) from the EngineContext
+of the run's config (or the default config around the model), with `--set` overrides on top,
+e.g. `--set rollout.engine=vllm`; the weights load as models/spec.py loads a checkpoint (a
+LoRA run's merged into its base). Not covered: serving adapters unmerged, several models in
+one server.
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from traingym.config.engines import engine_context
+from traingym.config.load import build_config
+from traingym.models import spec as model_spec
 from traingym.models.families import stop_token_ids
+from traingym.models.loader import check_model_path, load_policy
+from traingym.rollout.registry import build
+from traingym.runs import checkpoint
 
 
 @dataclass
@@ -77,23 +85,13 @@ def resolve(arg: str) -> tuple[str, Path | None, Path | None]:
 
 
 def load(arg: str, overrides: list[str] | None = None, name: str | None = None) -> Served:
-    from safetensors.torch import load_model
-
-    from traingym.runs import checkpoint
-    from traingym.config.load import build_config
-    from traingym.models.loader import check_model_path, load_policy
-    from traingym.rollout.registry import build_engine
-
     overrides = list(overrides or [])
     kind, ckpt, run_dir = resolve(arg)
     if kind == "checkpoint":
         cfg = _run_config(run_dir, overrides)
         checkpoint.verify(ckpt)  # CheckpointError names the file that does not match
-        model, tok = load_policy(cfg.model.path, seed=cfg.seed)
-        missing, unexpected = load_model(model, str(ckpt / "model.safetensors"))
-        if missing or unexpected:
-            raise checkpoint.CheckpointError(f"{ckpt}: its model does not fit {cfg.model.path!r}"
-                                             f" (missing {missing}, unexpected {unexpected})")
+        model, tok = model_spec.load(model_spec.ModelSpec(arg, cfg.model.path, ckpt, run_dir),
+                                     seed=cfg.seed)
         source = f"checkpoint {ckpt} of the run in {run_dir} (model.path={cfg.model.path!r})"
         default_name = f"{run_dir.name}/{ckpt.name}"
     else:
@@ -103,6 +101,6 @@ def load(arg: str, overrides: list[str] | None = None, name: str | None = None) 
         source = f"model {arg}"
         default_name = arg if arg in ("tiny", "embedded") else Path(arg).expanduser().name
     context = getattr(model.config, "max_position_embeddings", None)
-    engine = build_engine(cfg, model, tok)
+    engine, _ = build(engine_context(cfg), model, tok)
     stop = stop_token_ids(tok)
     return Served(name or default_name, source, engine, tok, context, stop)

@@ -1,7 +1,7 @@
 """LoRA adapters through `peft`: the trainer trains only the adapters; the engine gets either
 the merged weights or the adapters alone.
 
-`apply_lora` injects peft LoRA layers into the policy in place (`peft.inject_adapter_in_model`,
+`apply_lora` (models/lora.py, with the other model transforms) injects peft LoRA layers into the policy in place (`peft.inject_adapter_in_model`,
 rank / alpha / dropout / target modules from the `lora` section) and freezes every other
 parameter, so the trainer's AdamW (built over trainable parameters) holds adapter state only.
 The checkpoint (checkpoint.py, unchanged format) saves the model's whole state dict, frozen
@@ -33,62 +33,15 @@ from __future__ import annotations
 
 import torch
 
+from traingym.models.lora import (  # noqa: F401 (re-exported: the model transforms)
+    adapter_state,
+    apply_lora,
+    delta,
+    lora_layers,
+    merged_state,
+)
 from traingym.trainer.config import LoraConfig
 from traingym.trainer.torch_trainer import TorchTrainer
-
-
-def apply_lora(model, lcfg: LoraConfig):
-    """Inject LoRA layers into `model` in place; only adapter parameters stay trainable."""
-    try:
-        from peft import LoraConfig as PeftLoraConfig, inject_adapter_in_model
-    except ModuleNotFoundError:
-        raise ModuleNotFoundError("lora.rank > 0 needs the `peft` package: pip install "
-                                  "'traingym[lora]' (or pip install peft)") from None
-    linear_names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules()
-                    if isinstance(m, torch.nn.Linear)}
-    missing = sorted(set(lcfg.target_modules) - linear_names)
-    if missing:
-        raise ValueError(f"lora.target_modules {missing} name no linear layer of this model; "
-                         f"its linear layers are {sorted(linear_names)}")
-    peft_cfg = PeftLoraConfig(r=lcfg.rank, lora_alpha=lcfg.alpha, lora_dropout=lcfg.dropout,
-                              target_modules=list(lcfg.target_modules), bias="none")
-    model = inject_adapter_in_model(peft_cfg, model)
-    for name, p in model.named_parameters():
-        p.requires_grad_(".lora_" in name)
-    return model
-
-
-def lora_layers(model) -> dict[str, torch.nn.Module]:
-    """module name -> peft LoRA layer."""
-    from peft.tuners.lora import LoraLayer
-
-    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
-
-
-def delta(a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
-    """(alpha / r) B A in float32: the one formula both the trainer and the engine use."""
-    return (b.float() @ a.float()) * scale
-
-
-def adapter_state(model) -> dict[str, torch.Tensor]:
-    """Only the adapters: `<module>.lora_A.weight`, `<module>.lora_B.weight`."""
-    out = {}
-    for name, layer in lora_layers(model).items():
-        out[f"{name}.lora_A.weight"] = layer.lora_A["default"].weight.detach()
-        out[f"{name}.lora_B.weight"] = layer.lora_B["default"].weight.detach()
-    return out
-
-
-def merged_state(model) -> dict[str, torch.Tensor]:
-    """Every tensor under the base model's names; adapted linears merged (float32)."""
-    out = {k.replace(".base_layer.", "."): v.detach() for k, v in model.state_dict().items()
-           if ".lora_" not in k}
-    for name, layer in lora_layers(model).items():
-        base = layer.base_layer.weight.detach()
-        out[f"{name}.weight"] = base.float() + delta(layer.lora_A["default"].weight.detach(),
-                                                     layer.lora_B["default"].weight.detach(),
-                                                     layer.scaling["default"])
-    return out
 
 
 class LoraTrainer(TorchTrainer):
