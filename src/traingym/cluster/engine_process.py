@@ -2,7 +2,7 @@
 only through the weight-sync Subscriber (hash-verified), and turn prompts into scored groups.
 
 Runs under multiprocessing `spawn` (cluster/local.py starts it). What it does, in order:
-1. one torch thread; model and tokenizer built from `cfg.model` exactly as the trainer builds
+1. one torch thread; model and tokenizer built from the EngineContext exactly as the trainer builds
    them, the engine built on them by `rollout.engine` (rollout/registry.py `build`, from the
    run's EngineContext: any engine whose abilities say it crosses processes), the tokenizer's fingerprint reported so the trainer
    can check that ids mean the same;
@@ -50,10 +50,13 @@ from typing import Any, Callable
 
 import xxhash
 
-from traingym.models.families import stop_token_ids
 from traingym.core import trace
+from traingym.envs.config import TaskConfig
+from traingym.models.families import stop_token_ids
+from traingym.rollout.config import RolloutConfig
 from traingym.rollout.context import EngineContext
 from traingym.rollout.registry import build
+from traingym.weights.config import WeightsConfig
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,11 @@ class Job:
 class EngineSpec:
     """Everything an engine process needs; picklable (callables must be module-level)."""
 
-    cfg: Any  # the run's Config
+    ctx: EngineContext  # how the engine is built (config/engines.py engine_context)
+    rollout: RolloutConfig  # sampling, group size, episode limits
+    task: TaskConfig  # the prompt's prefill and system prompt
+    weights: WeightsConfig  # the receiving side's threads and timeout
+    inflight_updates: bool  # async.inflight_updates: new weights between decode steps
     transport: Any  # the receivers' transport config (TcpConfig ...), ready to connect
     receiver: type  # the transport's receiver class (weights/registry.py)
     reconnects: bool  # its receivers may connect again after a lost link (tcp)
@@ -121,46 +128,43 @@ class EngineProcess:
     def __init__(self, spec: EngineSpec, requests, results):
         import torch
 
+        from traingym.core.types import SamplingParams
         from traingym.envs.multi_turn import BoundFactory
         from traingym.envs.render import PromptRenderer
         from traingym.envs.resources import RunResources
+        from traingym.envs.runner import EpisodeLimits, RolloutRunner
         from traingym.envs.single_turn import SingleTurnFactory
         from traingym.models.loader import load_policy
         from traingym.rollout.base import UNSERVED
-        from traingym.envs.runner import EpisodeLimits, RolloutRunner
-        from traingym.core.types import SamplingParams
         from traingym.weights.sync import Subscriber, SubscriberConfig
 
         torch.set_num_threads(1)
         # this engine's env resources (envs/resources.py): its own pools, or the workers' client
         self.resources = RunResources(sandboxes=spec.sandboxes)
-        cfg, r = spec.cfg, spec.cfg.rollout
+        r = spec.rollout
         self.requests, self.results, self.parent = requests, results, os.getppid()
         self.role = spec.role
-        model, tok = load_policy(cfg.model.path, seed=cfg.seed)
-        # config/engines.py engine_context's fields (this layer sits below the config's)
-        ctx = EngineContext(r.engine, dict(r.engine_options), cfg.model.path,
-                            cfg.model.engine_dtype, r.max_batch_rows, cfg.seed)
-        self.engine, _ = build(ctx, model, tok, spec.engine)  # rollout/registry.py
+        model, tok = load_policy(spec.ctx.model, seed=spec.ctx.seed)
+        self.engine, _ = build(spec.ctx, model, tok, spec.engine)  # rollout/registry.py
         del model  # the engine holds its own copy
         self.engine.version = UNSERVED  # the built weights are never served
         make, transport = spec.receiver, spec.transport
         reconnect = ((lambda have: make(transport, have_hash=have)) if spec.reconnects
                      else None)  # a lost link (tcp) is connected again, saying what it holds
         self.subscriber = Subscriber(make(transport),
-                                     SubscriberConfig(threads=cfg.weights.threads),
+                                     SubscriberConfig(threads=spec.weights.threads),
                                      reconnect=reconnect)
-        self.timeout_s = cfg.weights.timeout_s
+        self.timeout_s = spec.weights.timeout_s
         with trace.span("wait_weights", cat="wait", version=spec.start_version):
             verified = self.subscriber.wait_for(spec.start_version, self.timeout_s)
         with trace.span("apply", cat="weights", version=self.subscriber.version):
             self.engine.update_weights(verified, self.subscriber.version)
-        renderer = PromptRenderer(tok, cfg.task.prefill, cfg.task.system_prompt)
+        renderer = PromptRenderer(tok, spec.task.prefill, spec.task.system_prompt)
         factory = (BoundFactory(spec.env, renderer) if spec.env is not None
                    else SingleTurnFactory(spec.reward_fn, renderer))
         stop_ids = () if r.ignore_eos else stop_token_ids(tok)
         params = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, stop_ids)
-        if cfg.async_.inflight_updates:
+        if spec.inflight_updates:
             self.engine.between_steps = self.poll_weights  # in the decoding thread; the serve
             # loop, the other caller, waits for that decode meanwhile
         self.batcher = _Batcher(self.engine)

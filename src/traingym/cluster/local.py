@@ -36,16 +36,20 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
-import torch
-
+from traingym.cluster.config import AsyncConfig, ClusterConfig
 from traingym.cluster.engine_process import EngineSpec, Job, engine_main, tokenizer_fingerprint
-from traingym.core.errors import ConfigError
 from traingym.core import trace
+from traingym.core.errors import ConfigError
 from traingym.core.precision import engine_dtype
+from traingym.envs.config import TaskConfig
 from traingym.rollout import registry as engines
+from traingym.rollout.config import RolloutConfig
+from traingym.rollout.context import EngineContext
 from traingym.weights import registry
 from traingym.weights.colocated import wire_views
+from traingym.weights.config import WeightsConfig
 from traingym.weights.sync import Publisher, PublisherConfig
 
 
@@ -90,28 +94,46 @@ def _transport(weights_cfg, run_dir: Path, host: str = "127.0.0.1"):
     return registry.open_sender(t, weights_cfg, ctx)
 
 
+@dataclass
+class EnginesSetup:
+    """What the trainer's side hands its engines (built by loop/async_loop.py from the run)."""
+
+    ctx: EngineContext  # how each engine is built
+    rollout: RolloutConfig
+    task: TaskConfig
+    weights: WeightsConfig
+    async_: AsyncConfig
+    cluster: ClusterConfig
+    run_dir: Path
+    state: dict  # the trainer's weights now (trainer.export()): the first anchor
+    tokenizer: Any  # the trainer's, to check the engines' against
+    reward_fn: Callable | None = None
+    env: Callable | None = None
+    group_reward: Callable | None = None
+
+
 class LocalEngines:
     tcp_host = "127.0.0.1"  # where the trainer's weight sender listens (cluster/ray.py: the
     # node's address)
     trace_node = None  # the node the run directory is on (cluster/ray.py: the driver's)
 
-    def __init__(self, run, start_version: int):
-        cfg = run.cfg
-        self.acfg, self.run_dir = cfg.async_, run.run_dir
-        self.dtype = engine_dtype(cfg.model.engine_dtype)
-        entry = registry.get(cfg.weights.transport)
-        self.transport, self.sender = _transport(cfg.weights, run.run_dir, self.tcp_host)
-        self.owned = [run.run_dir / "weights-engines", entry.owned(self.sender)]
-        self.publisher = Publisher(self.sender, PublisherConfig(cfg.weights.codec,
-                                                                cfg.weights.anchor_budget,
-                                                                threads=cfg.weights.threads))
-        self.publish(run.trainer.export(), start_version)  # an anchor before any engine joins
-        inputs = run.inputs
-        self.spec = EngineSpec(cfg, self.transport, entry.receiver, entry.abilities.reconnects,
-                               start_version, engines.get(cfg.rollout.engine), inputs.reward_fn,
-                               inputs.env, inputs.group_reward, trace=trace.enabled(),
+    def __init__(self, setup: EnginesSetup, start_version: int):
+        self.acfg, self.run_dir = setup.async_, setup.run_dir
+        self.dtype = engine_dtype(setup.ctx.dtype)
+        entry = registry.get(setup.weights.transport)
+        self.transport, self.sender = _transport(setup.weights, setup.run_dir, self.tcp_host)
+        self.owned = [setup.run_dir / "weights-engines", entry.owned(self.sender)]
+        w = setup.weights
+        self.publisher = Publisher(self.sender, PublisherConfig(w.codec, w.anchor_budget,
+                                                                threads=w.threads))
+        self.publish(setup.state, start_version)  # an anchor before any engine joins
+        self.spec = EngineSpec(setup.ctx, setup.rollout, setup.task, setup.weights,
+                               setup.async_.inflight_updates, self.transport, entry.receiver,
+                               entry.abilities.reconnects, start_version,
+                               engines.get(setup.ctx.engine), setup.reward_fn, setup.env,
+                               setup.group_reward, trace=trace.enabled(),
                                trace_dir=trace.shard_dir(), trace_node=self.trace_node)
-        self.tokenizer = tokenizer_fingerprint(run.tokenizer)
+        self.tokenizer = tokenizer_fingerprint(setup.tokenizer)
         self.ctx = mp.get_context("spawn")
         self.inbox: queue.Queue = queue.Queue()
         self.restarts_left = self.acfg.restarts

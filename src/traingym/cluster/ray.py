@@ -37,7 +37,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from traingym.cluster.engine_process import EngineSpec, engine_main
-from traingym.cluster.local import EngineError, LocalEngines
+from traingym.cluster.local import EngineError, EnginesSetup, LocalEngines
 from traingym.cluster.ray_sandboxes import RemoteSandboxes, close_workers, start_workers
 
 
@@ -141,18 +141,18 @@ class _ActorEngine:
 
 
 class RayEngines(LocalEngines):
-    def __init__(self, run, start_version: int):
-        c = run.cfg.cluster
+    def __init__(self, setup: EnginesSetup, start_version: int):
+        c = setup.cluster
         self.owns_ray = join_cluster(c)
         self.tcp_host = ray.util.get_node_ip_address()
         self.trainer_node = self.trace_node = ray.get_runtime_context().get_node_id()
         self.bundle = {"CPU": 1.0, **c.engine_resources}
-        timeout = run.cfg.async_.engine_timeout_s
-        self.pg = placement_group([dict(self.bundle)] * run.cfg.async_.engines, strategy="PACK")
+        timeout = setup.async_.engine_timeout_s
+        self.pg = placement_group([dict(self.bundle)] * setup.async_.engines, strategy="PACK")
         ready, _ = ray.wait([self.pg.ready()], timeout=timeout)
         if not ready:
             self._release()
-            raise TimeoutError(f"Ray could not place {run.cfg.async_.engines} engine bundles "
+            raise TimeoutError(f"Ray could not place {setup.async_.engines} engine bundles "
                                f"of {self.bundle} within {timeout}s (async.engine_timeout_s): "
                                f"the cluster has {ray.available_resources()} free")
         self.sandbox_workers, self.sandbox_nodes = [], []
@@ -160,7 +160,7 @@ class RayEngines(LocalEngines):
             if c.sandbox_workers:
                 self.sandbox_pg, self.sandbox_workers, self.sandbox_nodes = start_workers(
                     c.sandbox_workers, c.sandbox_resources, timeout)
-            super().__init__(run, start_version)
+            super().__init__(setup, start_version)
         except BaseException:
             self._release()
             raise

@@ -60,11 +60,12 @@ from collections import deque
 
 from traingym.algorithms import registry
 from traingym.cluster.engine_process import Job
-from traingym.cluster.local import LocalEngines
+from traingym.cluster.local import EnginesSetup, LocalEngines
+from traingym.config.engines import engine_context
 from traingym.core.errors import ConfigError
+from traingym.core.types import Group
 from traingym.envs.runner import stream_seed
 from traingym.loop.step import run_step
-from traingym.core.types import Group
 
 
 def oldest_version(group: Group) -> int:
@@ -159,12 +160,15 @@ def async_train_loop(run, start_step: int) -> dict:
     per_step = cfg.rollout.prompts_per_step
     feed = Feed(run.data, cfg.seed, per_step, a.max_staleness,
                 a.queue_size or (a.max_staleness + 1) * per_step, a.recycle, saved)
+    setup = EnginesSetup(engine_context(cfg), cfg.rollout, cfg.task, cfg.weights, a,
+                         cfg.cluster, run.run_dir, run.trainer.export(), run.tokenizer,
+                         run.inputs.reward_fn, run.inputs.env, run.inputs.group_reward)
     if cfg.cluster.type == "ray":
-        from traingym.cluster.ray import RayEngines  # late: local mode never imports ray
+        from traingym.cluster.ray import RayEngines  # heavy: ray (local mode never imports it)
 
-        engines = RayEngines(run, start_step)
+        engines = RayEngines(setup, start_step)
     else:
-        engines = LocalEngines(run, start_step)
+        engines = LocalEngines(setup, start_step)
     metrics: dict = {}
     try:
         algorithm = registry.build(cfg)
