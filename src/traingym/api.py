@@ -11,7 +11,9 @@ from traingym.config.load import build_config, run_config, validate
 from traingym.config.schema import Config
 from traingym.core import trace
 from traingym.envs.evaluate import Score
+from traingym.loop.async_loop import async_train_loop
 from traingym.loop.build import Run, build_run, eval_report
+from traingym.loop.sft import sft_phase
 from traingym.loop.sync import train_loop
 from traingym.observability import utilisation
 from traingym.runs import index
@@ -83,11 +85,9 @@ def _train_run(cfg: Config, run_dir: Path, run: Run, start: int) -> TrainResult:
         if before:
             show(_format("before", before))
         if cfg.sft.data is not None:  # the SFT warm start, then RL (loop/sft.py)
-            from traingym.loop.sft import sft_phase
 
             sft_phase(run)
         if cfg.mode == "async":
-            from traingym.loop.async_loop import async_train_loop
 
             metrics = async_train_loop(run, start)
         else:

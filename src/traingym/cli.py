@@ -19,9 +19,17 @@ from __future__ import annotations
 import argparse
 import sys
 
+from traingym.dashboard import add_parser as add_dashboard
+from traingym.dashboard import main as dashboard
+from traingym.dashboard.report import add_parser as add_report
+from traingym.dashboard.report import main as report
+from traingym.envs.datasets import DatasetError
+from traingym.envs.single_turn import RewardError
 from traingym.eval import cli as eval_cli
-
 from traingym.plan import cli as plan
+from traingym.runs.preempt import EXIT_CODE, RunPreempted, resume_command
+from traingym.serve import add_parser as add_serve
+from traingym.serve import main as serve
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,13 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--preset", default="default")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     plan.add_parser(sub)
-    from traingym.serve import add_parser as add_serve
 
     add_serve(sub)
-    from traingym.dashboard import add_parser as add_dashboard
 
     add_dashboard(sub)
-    from traingym.dashboard.report import add_parser as add_report
 
     add_report(sub)
     eval_cli.add_parsers(sub)
@@ -67,17 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help (0), or a usage error _Parser.error reported (2)
         return e.code if isinstance(e.code, int) else 2
     if args.command == "dashboard":  # reads files only: started without torch's import time
-        from traingym.dashboard import main as dashboard
 
         try:
             return dashboard(args)
         except (ValueError, FileNotFoundError) as e:  # ConfigError is a ValueError
             print(f"traingym: {' '.join(str(e).splitlines())}", file=sys.stderr)
             return 2
-    from traingym.core.errors import ConfigError
-    from traingym.envs.datasets import DatasetError
-    from traingym.envs.single_turn import RewardError
-    from traingym.runs.preempt import EXIT_CODE, RunPreempted, resume_command
+    from traingym.core.errors import ConfigError  # heavy: pydantic
 
     try:
         return _command(args)
@@ -97,17 +98,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from traingym.core.errors import ConfigError
-    from traingym.config.load import build_config
+    from traingym.config.load import build_config  # heavy: pydantic, safetensors, torch
+    from traingym.core.errors import ConfigError  # heavy: pydantic
 
     if args.command == "plan":
         return plan.run(args)
     if args.command == "serve":
-        from traingym.serve import main as serve
 
         return serve(args)
     if args.command == "report":
-        from traingym.dashboard.report import main as report
 
         return report(args)
     if args.command in ("eval", "runs", "export"):
@@ -118,7 +117,7 @@ def _command(args: argparse.Namespace) -> int:
     if args.command == "config":
         print(cfg.model_dump_json(indent=1))
         return 0
-    from traingym.api import train
+    from traingym.api import train  # heavy: numpy, pydantic, safetensors, torch, zstandard
 
     result = train(cfg, run_dir=args.run_dir, resume=args.resume, progress=not args.quiet)
     print(f"run directory: {result.run_dir}")

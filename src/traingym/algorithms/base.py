@@ -43,7 +43,7 @@ from dataclasses import dataclass, fields
 import torch
 from pydantic import BaseModel
 
-from traingym.algorithms.losses import kl_estimate
+from traingym.algorithms.losses import clipped_surrogate, kl_estimate
 from traingym.core.errors import Strict
 from traingym.core.types import Batch, Group
 
@@ -195,7 +195,6 @@ class Algorithm:
     # -- the loss --------------------------------------------------------------------------------
     def token_loss(self, logp_B_T, old_logp_B_T, adv_B_T, mask_B_T):
         """(per-token policy-gradient loss, per-token clipped flag): PPO's clipped surrogate."""
-        from traingym.algorithms.losses import clipped_surrogate
 
         return clipped_surrogate(logp_B_T, old_logp_B_T, adv_B_T, self.knobs.clip_low,
                                  self.knobs.clip_high)

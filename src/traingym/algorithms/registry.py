@@ -15,7 +15,7 @@ class UnknownAlgorithm(RegistryError):
 
 
 def _algorithm(name: str, cls):
-    from traingym.algorithms.base import Algorithm
+    from traingym.algorithms.base import Algorithm  # heavy: torch
 
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise TypeError("not a subclass of traingym.algorithms.base.Algorithm")
@@ -41,7 +41,7 @@ def build(cfg):
     """The run's algorithm, its knobs resolved from `cfg.algorithm` and rollout.max_new_tokens."""
     cls = get(cfg.algorithm.name)
     if cfg.distill.teacher is not None:  # the teacher scores every group (algorithms/distill.py)
-        from traingym.algorithms.distill import distilling
+        from traingym.algorithms.distill import distilling  # heavy: torch
 
         cls = distilling(cls, cfg.distill.coef, cfg.distill.reward_coef)
     return cls.from_config(cfg)

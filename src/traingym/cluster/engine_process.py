@@ -51,11 +51,20 @@ from typing import Any, Callable
 import xxhash
 
 from traingym.core import trace
+from traingym.core.types import SamplingParams
 from traingym.envs.config import TaskConfig
+from traingym.envs.multi_turn import BoundFactory
+from traingym.envs.render import PromptRenderer
+from traingym.envs.resources import RunResources
+from traingym.envs.runner import CLOSE_TIMEOUT_S, EpisodeLimits, RolloutRunner
+from traingym.envs.single_turn import SingleTurnFactory
 from traingym.models.families import stop_token_ids
+from traingym.models.loader import load_policy
+from traingym.rollout.base import UNSERVED
 from traingym.rollout.config import RolloutConfig
 from traingym.rollout.context import EngineContext
 from traingym.rollout.registry import build
+from traingym.weights.base import TransportTimeout
 from traingym.weights.config import WeightsConfig
 
 
@@ -128,15 +137,7 @@ class EngineProcess:
     def __init__(self, spec: EngineSpec, requests, results):
         import torch
 
-        from traingym.core.types import SamplingParams
-        from traingym.envs.multi_turn import BoundFactory
-        from traingym.envs.render import PromptRenderer
-        from traingym.envs.resources import RunResources
-        from traingym.envs.runner import EpisodeLimits, RolloutRunner
-        from traingym.envs.single_turn import SingleTurnFactory
-        from traingym.models.loader import load_policy
-        from traingym.rollout.base import UNSERVED
-        from traingym.weights.sync import Subscriber, SubscriberConfig
+        from traingym.weights.sync import Subscriber, SubscriberConfig  # heavy: numpy, zstandard
 
         torch.set_num_threads(1)
         # this engine's env resources (envs/resources.py): its own pools, or the workers' client
@@ -178,7 +179,6 @@ class EngineProcess:
 
     def poll_weights(self) -> None:
         """Apply every verified update that has arrived (none: return at once)."""
-        from traingym.weights.base import TransportTimeout
 
         advanced = False
         while True:
@@ -260,7 +260,6 @@ class EngineProcess:
     async def main(self) -> None:
         """Serve; then, on this loop, end the jobs still running and close what the envs kept
         (a warm sandbox pool), on an error too."""
-        from traingym.envs.runner import CLOSE_TIMEOUT_S
 
         self.jobs: set[asyncio.Task] = set()
         try:

@@ -12,7 +12,6 @@ import importlib.util
 import socket
 
 from traingym.cluster.config import ClusterConfig
-
 from traingym.core.errors import ConfigError
 
 

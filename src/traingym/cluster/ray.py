@@ -39,16 +39,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from traingym.cluster.engine_process import EngineSpec, engine_main
 from traingym.cluster.local import EngineError, EnginesSetup, LocalEngines
 from traingym.cluster.ray_sandboxes import RemoteSandboxes, close_workers, start_workers
-
-
-def join_cluster(cluster) -> bool:
-    """Connect this driver to `cluster.address` with `cluster.py_modules` shipped, unless it
-    is connected already; True when this call connected (the caller then shuts Ray down)."""
-    if ray.is_initialized():
-        return False
-    runtime_env = {"py_modules": list(cluster.py_modules)} if cluster.py_modules else None
-    ray.init(address=cluster.address, runtime_env=runtime_env, log_to_driver=True)
-    return True
+from traingym.core.raycluster import join_cluster  # noqa: F401 (used here and re-exported)
 
 
 class _ThreadQueue(queue.Queue):

@@ -23,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+from traingym.core import trace as tr
 from traingym.dashboard import security
 from traingym.dashboard.index import SID_RE, EventsIndex, SamplesIndex
 from traingym.runs.index import RunView, committed, is_run_dir
@@ -268,7 +269,6 @@ def trace_answer(run: Run, max_events: int) -> dict:
     """The run's spans (observability/trace.py's load_trace: trace.json or the live shards),
     its processes and threads, and the utilisation summary (results.json's, else each
     process's busy fraction from its spans)."""
-    from traingym.core import trace as tr
 
     folder, merged = run.path / tr.TRACE_DIR, run.path / tr.TRACE_FILE
     if folder.is_symlink() or merged.is_symlink() or \

@@ -19,6 +19,7 @@ import json
 import math
 from pathlib import Path
 
+from traingym.observability.events import read_events, read_samples
 
 # chart name -> (title, keys drawn); a chart is drawn when the run has one of its keys
 CHARTS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -62,7 +63,7 @@ def _series(events: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 def draw_charts(events: list[dict], out: Path) -> dict[str, Path]:
     """One PNG per chart the run has data for; {chart name: path}."""
-    from traingym.core.errors import ConfigError
+    from traingym.core.errors import ConfigError  # heavy: pydantic
 
     try:
         from matplotlib.figure import Figure
@@ -99,7 +100,7 @@ def draw_charts(events: list[dict], out: Path) -> dict[str, Path]:
 
 
 def _read_json(path: Path) -> dict | None:
-    from traingym.core.errors import ConfigError
+    from traingym.core.errors import ConfigError  # heavy: pydantic
 
     if not path.exists():
         return None
@@ -195,8 +196,7 @@ def render_html(run_dir: Path, config: dict, events: list[dict], samples: list[d
 
 def write_report(run_dir: Path, out: Path | None = None) -> Path:
     """Write the charts and report.html; returns the output folder."""
-    from traingym.core.errors import ConfigError  # late: `traingym --help` imports this module
-    from traingym.observability.events import read_events, read_samples
+    from traingym.core.errors import ConfigError  # heavy: pydantic
 
     if not (run_dir / "events.jsonl").is_file():
         raise FileNotFoundError(f"{run_dir} holds no events.jsonl: not a run directory "

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from traingym.dashboard import security
+from traingym.dashboard.app import build_app
 
 DEFAULT_PORT = 8265
 
@@ -53,7 +54,6 @@ def main(args) -> int:
     try:
         import uvicorn
 
-        from traingym.dashboard.app import build_app
     except ModuleNotFoundError as e:
         raise security.StartError(f"traingym dashboard needs {e.name}: pip install "
                                   "'traingym[dashboard]'") from None

@@ -22,13 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from traingym.core.types import Completion, Observation, StepResult
 from traingym.envs.code_grader import extract_code, grade
 from traingym.envs.render import PromptRenderer
 from traingym.envs.resources import current
 from traingym.sandbox import DEFAULT_BACKEND, Limits, open_sandbox
 from traingym.sandbox.images import ImageSpec
 from traingym.sandbox.pool import SandboxPool
-from traingym.core.types import Completion, Observation, StepResult
 
 GRADING_LIMITS = Limits(cpu_s=2, wall_s=5, memory_bytes=256 << 20, processes=16,
                         file_bytes=1 << 20, output_bytes=256 << 10)

@@ -7,7 +7,9 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from traingym.core.errors import Strict, did_you_mean  # noqa: F401
+from traingym.envs import adapters
 from traingym.envs.judge_config import JudgeConfig
+from traingym.envs.tasks import TASKS
 
 
 class TaskConfig(Strict):
@@ -68,7 +70,6 @@ class TaskConfig(Strict):
         if self.judge is not None and self.env is not None:
             raise ValueError("task.judge scores a single-turn completion and task.env brings "
                              "its own scoring: set one of them, not both")
-        from traingym.envs import adapters
 
         adapter = adapters.find(self.env)
         if self.env_args and not (adapter and adapter.abilities.takes_env_args):
@@ -80,7 +81,6 @@ class TaskConfig(Strict):
     @field_validator("name")
     @classmethod
     def _known_task(cls, v: str) -> str:
-        from traingym.envs.tasks import TASKS
 
         if v not in TASKS:
             raise ValueError(f"unknown built-in task {v!r}; choose one of {sorted(TASKS)} "

@@ -31,7 +31,7 @@ def load_rows(source: str | Path | Iterable[dict[str, Any]], columns: dict[str, 
     if isinstance(source, (str, Path)) and str(source).startswith(HUB):
         rows = _hub_rows(str(source)[len(HUB):], split)
     elif isinstance(source, (str, Path)) and str(source).startswith("harbor:"):
-        from traingym.envs.harbor import task_rows  # Harbor task folders (envs/harbor.py)
+        from traingym.envs.harbor import task_rows  # heavy: pydantic
 
         rows = task_rows(str(source)[len("harbor:"):])
     elif isinstance(source, (str, Path)):

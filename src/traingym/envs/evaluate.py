@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from traingym.core.types import SamplingParams
 from traingym.envs.base import EnvFactory
 from traingym.envs.group import GroupReward
 from traingym.envs.resources import RunResources
 from traingym.envs.runner import EpisodeLimits, RolloutRunner
-from traingym.core.types import SamplingParams
 
 
 @dataclass

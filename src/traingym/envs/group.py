@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from traingym.envs.single_turn import RewardError
 from traingym.core.types import Sample
+from traingym.envs.single_turn import RewardError
 
 GroupReward = Callable[[list[Sample]], list[float]]
 

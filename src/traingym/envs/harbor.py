@@ -64,12 +64,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from traingym.core.types import Completion, Observation, StepResult
 from traingym.envs.code_env import pool_for
 from traingym.envs.render import PromptRenderer
 from traingym.sandbox import Limits
 from traingym.sandbox.base import MiB
 from traingym.sandbox.images import ImageSpec
-from traingym.core.types import Completion, Observation, StepResult
 
 LINKS = (("/app", "/sandbox/app"), ("/tests", "/sandbox/tests"), ("/logs", "/sandbox/logs"))
 TRAINGYM_KEYS = ("requirements", "answer_file", "python")

@@ -45,6 +45,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from traingym.core.types import GenerationRequest, Observation, SamplingParams, StepResult
+from traingym.envs import resources
 from traingym.envs.judge_config import (  # noqa: F401 (re-exported: the judge's names)
     DEFAULT_PROMPT,
     FIELDS,
@@ -53,6 +55,8 @@ from traingym.envs.judge_config import (  # noqa: F401 (re-exported: the judge's
     parse_score,
     template_fields,
 )
+from traingym.envs.runner import stream_seed
+from traingym.models.families import stop_token_ids
 from traingym.rollout.context import EngineContext
 from traingym.rollout.registry import build
 
@@ -97,7 +101,6 @@ class Judge:
     it (module docstring). `calls` counts engine.generate calls (tests, logs)."""
 
     def __init__(self, cfg: JudgeConfig, engine, tokenizer):
-        from traingym.models.families import stop_token_ids
 
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.stop_ids = stop_token_ids(tokenizer)
@@ -156,8 +159,6 @@ class Judge:
         return score
 
     async def _generate(self, texts: list[str]) -> list[str]:
-        from traingym.envs.runner import stream_seed
-        from traingym.core.types import GenerationRequest, SamplingParams
 
         params = SamplingParams(temperature=self.cfg.temperature,
                                 max_new_tokens=self.cfg.max_tokens, stop_token_ids=self.stop_ids)
@@ -214,14 +215,11 @@ class JudgeEnv:
         self._done = False
 
     async def reset(self):
-        from traingym.core.types import Observation
 
         self._obs = Observation(self.renderer.ids(self.example), self.renderer.text(self.example))
         return self._obs
 
     async def step(self, completion):
-        from traingym.envs import resources
-        from traingym.core.types import StepResult
 
         if self._obs is None or self._done:
             raise RuntimeError("JudgeEnv is single-use: reset() once, then step() once")

@@ -118,7 +118,7 @@ class JudgeConfig(BaseModel):
 
     @model_validator(mode="after")
     def _engine(self) -> JudgeConfig:
-        from traingym.rollout import registry
+        from traingym.rollout import registry  # heavy: safetensors, torch
 
         try:
             registry.options(self.engine, self.engine_options)

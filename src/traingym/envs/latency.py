@@ -20,9 +20,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from traingym.core.types import Completion, Observation, StepResult
 from traingym.envs.resources import current
 from traingym.envs.single_turn import SingleTurnEnv
-from traingym.core.types import Completion, Observation, StepResult
 
 
 @dataclass

@@ -25,10 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from traingym.core.types import Completion, Observation, Sample, StepResult
 from traingym.envs.base import Env
 from traingym.envs.render import PromptRenderer
 from traingym.envs.transcript import Transcript
-from traingym.core.types import Completion, Observation, Sample, StepResult
 
 EnvMaker = Callable[[dict[str, Any], PromptRenderer], Env]
 

@@ -46,10 +46,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from traingym.core.procs import NotHealthy, free_port, log_tail, stop_group, wait_healthy_async
 from traingym.envs.multi_turn import MultiTurnEnv, Reply
 from traingym.envs.render import PromptRenderer
 from traingym.envs.resources import current
-from traingym.core.procs import NotHealthy, free_port, log_tail, stop_group, wait_healthy_async
 
 MAX_MESSAGE = 16 << 20  # bytes of one server message
 
@@ -316,7 +316,7 @@ class OpenEnvMaker:
 def from_task(server: str, env_args: dict[str, Any]) -> OpenEnvMaker:
     """The maker for task.env = 'openenv:<server>' and task.env_args (the maker's other
     fields); its factory in envs/adapters.py."""
-    from traingym.core.errors import ConfigError
+    from traingym.core.errors import ConfigError  # heavy: pydantic
 
     keys = [f for f in OpenEnvMaker.__dataclass_fields__ if f != "server"]
     unknown = sorted(set(env_args) - set(keys))

@@ -32,12 +32,12 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from traingym.core import trace
+from traingym.core.types import Completion, GenerationRequest, Group, SamplingParams, StepResult
 from traingym.envs.base import EnvFactory
 from traingym.envs.group import GroupReward, score_group
 from traingym.envs.resources import RunResources
 from traingym.envs.transcript import ContextError, Transcript
-from traingym.core import trace
-from traingym.core.types import Completion, GenerationRequest, Group, SamplingParams, StepResult
 
 CLOSE_TIMEOUT_S = 60.0  # closing env resources (a sandbox pool) must not hang a finished run
 

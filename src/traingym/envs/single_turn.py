@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from traingym.envs.render import PromptRenderer
 from traingym.core.types import Completion, Observation, Sample, StepResult
+from traingym.envs.render import PromptRenderer
 
 RewardFn = Callable[[Sample], float]
 

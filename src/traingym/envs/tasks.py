@@ -55,7 +55,7 @@ TASKS = {"arith": _arith_rows, "add2": _add2_rows}  # task.name -> row maker
 
 
 def builtin_task(name: str, num_heldout: int = 128, seed: int = 1234) -> BuiltinTask:
-    from traingym.core.errors import ConfigError
+    from traingym.core.errors import ConfigError  # heavy: pydantic
 
     if name not in TASKS:
         raise ConfigError(f"unknown built-in task {name!r}; choose one of {sorted(TASKS)}, or "

@@ -47,9 +47,11 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from traingym.core.types import Observation
 from traingym.envs.multi_turn import MultiTurnEnv, Reply
 from traingym.envs.render import PromptRenderer
-from traingym.envs.tools import HermesParser, tools_system_prompt
+from traingym.envs.tools import HermesParser, ToolCall, tools_system_prompt
+from traingym.envs.transcript import Transcript
 
 _ENVS: dict[tuple[str, str], Any] = {}  # (env_id, args as JSON) -> loaded environment
 
@@ -266,8 +268,6 @@ class VerifiersEnv(MultiTurnEnv):
         return event
 
     async def reset(self):
-        from traingym.envs.transcript import Transcript
-        from traingym.core.types import Observation
 
         if self.transcript is not None:
             raise RuntimeError("VerifiersEnv is single-use: reset() once")
@@ -320,7 +320,6 @@ class VerifiersEnv(MultiTurnEnv):
         vf = self.vf
         calls = []
         if self._tools:
-            from traingym.envs.tools import ToolCall
 
             calls = [vf.ToolCall(id=f"call_{self.transcript.turns}_{i}", name=c.name,
                                  arguments=json.dumps(c.arguments))

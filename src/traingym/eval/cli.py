@@ -17,6 +17,8 @@ import argparse
 import time
 from pathlib import Path
 
+from traingym.runs.index import find_runs, table
+
 
 def add_parsers(sub) -> None:
     e = sub.add_parser("eval", help="evaluate a model, checkpoint or endpoint on a task")
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _pass_k(text: str) -> tuple[int, ...]:
-    from traingym.core.errors import ConfigError
+    from traingym.core.errors import ConfigError  # heavy: pydantic
 
     try:
         ks = tuple(int(k) for k in text.split(",") if k.strip())
@@ -66,8 +68,13 @@ def _pass_k(text: str) -> tuple[int, ...]:
 
 def _config(args, run_dir: Path | None):
     """The eval config the flags ask for, or None (eval_run picks the run's or the default)."""
-    from traingym.config.load import _merge, build_config, parse_overrides, validate
-    from traingym.eval.specs import run_config_data
+    from traingym.config.load import (  # heavy: pydantic, safetensors, torch
+        _merge,
+        build_config,
+        parse_overrides,
+        validate,
+    )
+    from traingym.eval.specs import run_config_data  # heavy: pydantic, safetensors, torch
 
     extra = list(args.overrides)
     extra += [f"task.{k}={getattr(args, k)}" for k in ("reward", "env") if getattr(args, k)]
@@ -81,8 +88,8 @@ def _config(args, run_dir: Path | None):
 
 
 def _run_of(texts) -> Path | None:
-    from traingym.eval.run import is_eval_folder
-    from traingym.eval.specs import resolve_spec
+    from traingym.eval.run import is_eval_folder  # heavy: pydantic, safetensors, torch
+    from traingym.eval.specs import resolve_spec  # heavy: pydantic, safetensors, torch
 
     for text in texts:
         if text != "base" and not is_eval_folder(text):
@@ -93,8 +100,13 @@ def _run_of(texts) -> Path | None:
 
 
 def _eval(args) -> int:
-    from traingym.core.errors import ConfigError
-    from traingym.eval.run import compare, evaluate, format_delta, format_scores
+    from traingym.core.errors import ConfigError  # heavy: pydantic
+    from traingym.eval.run import (  # heavy: pydantic, safetensors, torch
+        compare,
+        evaluate,
+        format_delta,
+        format_scores,
+    )
 
     out = Path(args.out or Path("evals") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}")
     kw = dict(dataset=args.dataset, pass_k=_pass_k(args.pass_k),
@@ -122,7 +134,6 @@ def _eval(args) -> int:
 
 
 def _runs(args) -> int:
-    from traingym.runs.index import find_runs, table
 
     runs = find_runs(args.dir)
     print(table(runs) if runs else f"no runs under {args.dir}")
@@ -130,7 +141,7 @@ def _runs(args) -> int:
 
 
 def _export(args) -> int:
-    from traingym.eval.export import export
+    from traingym.eval.export import export  # heavy: pydantic
 
     print(f"exported: {export(args.checkpoint, args.out, args.dtype)}")
     return 0

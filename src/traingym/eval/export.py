@@ -30,8 +30,12 @@ def export(source: str | Path, out: str | Path, dtype: str | None = None) -> Pat
     import torch
     from transformers import GenerationConfig
 
-    from traingym.eval.specs import load_weights, resolve_spec, run_config
-    from traingym.models.loader import load_policy, resolve_path
+    from traingym.eval.specs import (  # heavy: safetensors, torch
+        load_weights,
+        resolve_spec,
+        run_config,
+    )
+    from traingym.models.loader import load_policy, resolve_path  # heavy: torch
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

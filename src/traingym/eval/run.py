@@ -34,13 +34,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from traingym.config.load import build_config, validate
 from traingym.config.schema import Config
-
 from traingym.core.errors import ConfigError
-from traingym.eval.specs import (ModelSpec, build_engine_for, check_overlap, eval_rows,
-                                 make_factory, prompt_key, resolve_spec, run_config,
-                                 weights_source)
 from traingym.envs.evaluate import Score, collect, group_means, paired_difference, pass_at_k_score
+from traingym.envs.runner import EpisodeLimits
+from traingym.eval.specs import (
+    ModelSpec,
+    build_engine_for,
+    check_overlap,
+    eval_rows,
+    make_factory,
+    prompt_key,
+    resolve_spec,
+    run_config,
+    weights_source,
+)
 from traingym.models.families import stop_token_ids
 
 SUMMARY, SAMPLES, COMPARE = "summary.json", "samples.jsonl", "compare.json"
@@ -57,7 +66,6 @@ class EvalResult:
 def _as_config(config, spec: ModelSpec) -> Config:
     """The eval config: the one given, else the spec's run's, else the default; model.path is
     the spec's model."""
-    from traingym.config.load import build_config, validate
 
     if config is None:
         cfg = run_config(spec.run_dir) if spec.run_dir is not None else build_config()
@@ -146,7 +154,6 @@ def _threads(cfg: Config) -> int:
 
 
 def _run(cfg: Config, engine, tok, factory, group, rows, seed) -> dict[str, list]:
-    from traingym.envs.runner import EpisodeLimits
 
     r = cfg.rollout
     out = {}

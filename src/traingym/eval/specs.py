@@ -25,14 +25,20 @@ from pathlib import Path
 from typing import Any, Callable
 
 from traingym.config.engines import engine_context
+from traingym.config.load import RUN_CONFIG, run_config, run_config_data  # noqa: F401
 from traingym.config.schema import Config
 from traingym.core.errors import ConfigError
+from traingym.envs import adapters
+from traingym.envs.datasets import load_rows, validate_rows
+from traingym.envs.multi_turn import BoundFactory
+from traingym.envs.render import PromptRenderer
+from traingym.envs.single_turn import SingleTurnFactory
+from traingym.envs.tasks import builtin_task, exact_answer
+from traingym.loop.inputs import import_reward, resolve_env
 from traingym.models import spec as model_spec
-from traingym.rollout import registry
 from traingym.models.spec import ModelSpec  # noqa: F401 (re-exported)
+from traingym.rollout import registry
 from traingym.runs.index import is_run_dir  # noqa: F401 (re-exported)
-
-from traingym.config.load import RUN_CONFIG, run_config, run_config_data  # noqa: F401
 
 
 def resolve_spec(text: str | Path, other: ModelSpec | None = None) -> ModelSpec:
@@ -52,9 +58,6 @@ def prompt_key(row: dict) -> str:
 
 def eval_rows(cfg: Config, dataset=None) -> list[dict]:
     """The rows to evaluate on (module docstring)."""
-    from traingym.envs import adapters
-    from traingym.envs.datasets import load_rows, validate_rows
-    from traingym.envs.tasks import builtin_task
 
     t, n = cfg.task, cfg.eval.num_prompts
     if n < 1:
@@ -78,9 +81,6 @@ def eval_rows(cfg: Config, dataset=None) -> list[dict]:
 
 def training_rows(run_dir: Path) -> tuple[list[dict], str]:
     """(the run's training rows as far as they are known, how they are known)."""
-    from traingym.envs import adapters
-    from traingym.envs.datasets import load_rows
-    from traingym.envs.tasks import builtin_task
 
     cfg = run_config(run_dir)
     if cfg.task.dataset is not None:
@@ -160,11 +160,6 @@ def load_weights(model, cfg: Config, folder: Path) -> None:
 def make_factory(cfg: Config, tokenizer, reward: Callable | None, env, group_reward,
                  custom_rows: bool = False):
     """(env factory, group hook) as the run builds them (run.py _assemble)."""
-    from traingym.envs.multi_turn import BoundFactory
-    from traingym.envs.render import PromptRenderer
-    from traingym.envs.single_turn import SingleTurnFactory
-    from traingym.envs.tasks import exact_answer
-    from traingym.loop.inputs import import_reward, resolve_env
 
     env, group_reward = resolve_env(cfg, env, group_reward)
     if env is not None and reward is not None:

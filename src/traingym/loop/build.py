@@ -18,35 +18,35 @@ from typing import Any
 
 import torch
 
-from traingym.runs import checkpoint
-
-from traingym.runs import lock as runlock
 from traingym.cluster.preflight import check_cluster
 from traingym.config.engines import engine_context
 from traingym.config.schema import Config
+from traingym.core import trace
 from traingym.core.errors import ConfigError
+from traingym.core.precision import engine_dtype
+from traingym.core.types import SamplingParams
 from traingym.envs.base import EnvFactory
+from traingym.envs.evaluate import as_dict, evaluate, paired_difference
 from traingym.envs.multi_turn import BoundFactory
 from traingym.envs.render import PromptRenderer
 from traingym.envs.resources import RunResources
+from traingym.envs.runner import EpisodeLimits, RolloutRunner
 from traingym.envs.single_turn import SingleTurnFactory
-from traingym.envs.evaluate import as_dict, evaluate, paired_difference
 from traingym.loop.inputs import Inputs, resolve_inputs
+from traingym.loop.trainer import build_trainer
 from traingym.models.families import stop_token_ids
 from traingym.models.loader import check_model_path, load_policy
 from traingym.observability.events import RunLog
-from traingym.core import trace
 from traingym.observability.progress import Progress
 from traingym.observability.sinks import Sinks
 from traingym.observability.utilisation import StepUtilisation
-from traingym.core.precision import engine_dtype
-from traingym.runs.preempt import Preemption, RunPreempted
-from traingym.envs.runner import EpisodeLimits, RolloutRunner
 from traingym.rollout.base import RolloutEngine
-from traingym.rollout.registry import build as build_engine, check_engine
+from traingym.rollout.registry import build as build_engine
+from traingym.rollout.registry import check_engine
+from traingym.runs import checkpoint
+from traingym.runs import lock as runlock
+from traingym.runs.preempt import Preemption, RunPreempted
 from traingym.trainer.base import Trainer
-from traingym.loop.trainer import build_trainer
-from traingym.core.types import SamplingParams
 from traingym.weights.colocated import ColocatedSync
 
 
@@ -271,7 +271,7 @@ def _build_run(cfg: Config, run_dir: Path, resume: bool, inputs: Inputs,
     model, tok = load_policy(cfg.model.path, seed=cfg.seed)
     engine, _ = build_engine(engine_context(cfg), model, tok)  # its own copy of the weights
     if cfg.lora.rank > 0:  # lora.sync='adapter': the engine merges adapters (trainer/lora.py)
-        from traingym.trainer.lora import wrap_engine
+        from traingym.trainer.lora import wrap_engine  # heavy: transformers
 
         engine = wrap_engine(cfg, engine)
     try:

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from traingym.config.schema import Config
-
 from traingym.core.errors import ConfigError, did_you_mean
 from traingym.envs import adapters
 from traingym.envs.datasets import load_rows, validate_rows
+from traingym.envs.judge import JudgeMaker
 from traingym.envs.tasks import builtin_task, exact_answer
 
 
@@ -58,7 +58,6 @@ def resolve_env(cfg: Config, env=None, group_reward=None) -> tuple[Callable | No
     if env is None:
         env = adapters.make(t.env, t.env_args)
     if env is None and t.judge is not None:
-        from traingym.envs.judge import JudgeMaker
 
         env = JudgeMaker(t.judge)
     env = env or (import_reward(t.env, "task.env") if t.env else None)

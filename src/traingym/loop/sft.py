@@ -19,6 +19,7 @@ import json
 import math
 import time
 
+from traingym.core.precision import engine_dtype
 from traingym.trainer.sft import assistant_mask, batch_rows, load_chats, sft_step
 
 
@@ -29,7 +30,7 @@ def total_steps(cfg, n_rows: int) -> int:
 
 def sft_phase(run) -> dict | None:
     """Run (or finish, on resume) the SFT phase; returns its last record (None: skipped)."""
-    from traingym.runs import checkpoint
+    from traingym.runs import checkpoint  # heavy: safetensors
 
     cfg, trainer = run.cfg, run.trainer
     if cfg.sft.data is None:
@@ -76,8 +77,7 @@ def sft_phase(run) -> dict | None:
 
 def _restart_sync(run) -> None:
     """A new publisher chain (an anchor at version 0) carrying the SFT weights to the engine."""
-    from traingym.core.precision import engine_dtype
-    from traingym.weights.colocated import ColocatedSync
+    from traingym.weights.colocated import ColocatedSync  # heavy: numpy, pydantic, zstandard
 
     run.weights.close()
     run.weights = ColocatedSync(run.engine, run.cfg.weights,

@@ -12,30 +12,30 @@ importance correction.
 
 from __future__ import annotations
 
+from traingym.algorithms import registry
+from traingym.algorithms.importance import ImportanceSpec
 from traingym.config.schema import Config
+from traingym.trainer.teacher import build_teacher
 
 
 def build_trainer(cfg: Config, model, pad_token_id: int):
-    from traingym.algorithms import registry
-    from traingym.algorithms.importance import ImportanceSpec
 
     algorithm = registry.build(cfg)
     importance = ImportanceSpec.from_config(cfg)
     if cfg.trainer.data_parallel > 1:
-        from traingym.trainer.distributed import DistributedTrainer
+        from traingym.trainer.distributed import DistributedTrainer  # heavy: transformers
 
         return DistributedTrainer(model, cfg.trainer, cfg.cluster, cfg.rollout.temperature,
                                   pad_token_id, importance=importance, algorithm=algorithm,
                                   threads=cfg.threads)
-    from traingym.trainer.torch_trainer import TorchTrainer
+    from traingym.trainer.torch_trainer import TorchTrainer  # heavy: transformers
 
     cls, extra = TorchTrainer, {}
     if cfg.lora.rank > 0:  # adapters only (trainer/lora.py)
-        from traingym.trainer.lora import LoraTrainer
+        from traingym.trainer.lora import LoraTrainer  # heavy: transformers
 
         cls, extra = LoraTrainer, {"lora": cfg.lora}
     if cfg.distill.teacher is not None:  # on-policy distillation (algorithms/distill.py)
-        from traingym.trainer.teacher import build_teacher
 
         importance = None
         extra["teacher"] = build_teacher(cfg.distill, cfg.model.path, model.config.vocab_size,

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from traingym.core.errors import Strict, did_you_mean  # noqa: F401
+from traingym.models.presets import check_path
 
 
 class ModelConfig(Strict):
@@ -23,7 +24,6 @@ class ModelConfig(Strict):
     @model_validator(mode="after")
     def _preset_matches_path(self) -> ModelConfig:
         if self.preset is not None:
-            from traingym.models.presets import check_path
 
             check_path(self.preset, self.path)  # ConfigError / ValueError name the mismatch
         return self

@@ -182,7 +182,7 @@ END_OF_TURN: dict[str, str | None] = {
 def chat_template(name: str) -> str:
     """A template by name; the error names the closest."""
     if name not in CHAT_TEMPLATES:
-        from traingym.core.errors import did_you_mean
+        from traingym.core.errors import did_you_mean  # heavy: pydantic
 
         raise KeyError(f"unknown chat template {name!r}; choose one of {sorted(CHAT_TEMPLATES)}"
                        f"{did_you_mean(name, CHAT_TEMPLATES)}")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from traingym.models.embedded import embedded_model_dir
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
     " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
@@ -70,7 +72,6 @@ def resolve_path(path: str) -> Path | None:
     if path == "tiny":
         return None
     if path == "embedded":
-        from traingym.models.embedded import embedded_model_dir
 
         return embedded_model_dir()
     check_model_path(path)

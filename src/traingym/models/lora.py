@@ -27,7 +27,8 @@ class LoraShape:
 def apply_lora(model, lcfg):
     """Inject LoRA layers into `model` in place; only adapter parameters stay trainable."""
     try:
-        from peft import LoraConfig as PeftLoraConfig, inject_adapter_in_model
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import inject_adapter_in_model
     except ModuleNotFoundError:
         raise ModuleNotFoundError("lora.rank > 0 needs the `peft` package: pip install "
                                   "'traingym[lora]' (or pip install peft)") from None

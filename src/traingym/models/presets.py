@@ -172,7 +172,7 @@ PRESETS: dict[str, ModelPreset] = {p.name: p for p in _PRESETS}
 
 def get(name: str) -> ModelPreset:
     """A preset by name; the error names the closest one."""
-    from traingym.core.errors import ConfigError, did_you_mean
+    from traingym.core.errors import ConfigError, did_you_mean  # heavy: pydantic
 
     if name not in PRESETS:
         raise ConfigError(f"unknown model.preset {name!r}{did_you_mean(name, PRESETS)} "
@@ -188,7 +188,7 @@ def preset_settings(data: dict) -> dict:
     if name is None:
         return {}
     if not isinstance(name, str):
-        from traingym.core.errors import ConfigError
+        from traingym.core.errors import ConfigError  # heavy: pydantic
 
         raise ConfigError(f"model.preset must be a preset name, got {name!r}")
     preset = get(name)

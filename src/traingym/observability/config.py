@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from traingym.core.errors import Strict, did_you_mean  # noqa: F401
+from traingym.observability.sinks import check
 
 
 class ObservabilityConfig(Strict):
@@ -24,7 +25,6 @@ class ObservabilityConfig(Strict):
 
     @model_validator(mode="after")
     def _sinks_known(self) -> ObservabilityConfig:
-        from traingym.observability.sinks import check
 
         check(self.sinks, self.sink_options)  # names, options, installed extras
         return self

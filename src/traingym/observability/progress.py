@@ -31,8 +31,7 @@ class Progress:
         self.t0 = time.monotonic()
         self.bar = None
         if enabled and sys.stdout.isatty():
-            from rich.progress import (BarColumn, MofNCompleteColumn, TextColumn,
-                                       TimeRemainingColumn)
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
             from rich.progress import Progress as Bar
 
             self.bar = Bar(TextColumn("step"), MofNCompleteColumn(), BarColumn(bar_width=20),

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol
 
+from traingym.core.errors import did_you_mean
 from traingym.core.registry import Registry, RegistryError
 
 
@@ -61,7 +62,6 @@ sink_class = SINKS.get  # the sink class for a name here or a "module:Class" pat
 def check(names: list[str], options: dict[str, dict[str, Any]]) -> None:
     """Raise ValueError naming the problem and the fix for an unknown or repeated sink, an
     option of a sink that is not chosen or that it does not take, or a package not installed."""
-    from traingym.core.errors import did_you_mean
 
     for name in names:
         try:

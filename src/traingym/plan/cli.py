@@ -23,9 +23,26 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
+from traingym.models.embedded import EMBEDDED_NAME, cache_dir, gguf_path
+from traingym.models.presets import get as get_preset
 from traingym.plan.planner import (
-    CODEC_FIGURES, GB, GPU_PRESETS, SCALED, CodecFigures, Rates, Row, TargetCluster, Workload,
-    bad, best, candidates, check_cluster, codec_figures, rates, size_row)
+    CODEC_FIGURES,
+    GB,
+    GPU_PRESETS,
+    SCALED,
+    CodecFigures,
+    Rates,
+    Row,
+    TargetCluster,
+    Workload,
+    bad,
+    best,
+    candidates,
+    check_cluster,
+    codec_figures,
+    rates,
+    size_row,
+)
 
 HELP = {
     "gpus": "GPUs of the cluster (trainer + engines)",
@@ -84,7 +101,7 @@ def target_cluster(args) -> TargetCluster:
     import tomllib
     from dataclasses import replace
 
-    from traingym.core.errors import did_you_mean
+    from traingym.core.errors import did_you_mean  # heavy: pydantic
 
     c = TargetCluster()
     names = [f.name for f in fields(TargetCluster)]
@@ -116,12 +133,11 @@ def model_params(path: str) -> int:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if path == "tiny":
-        from traingym.models.loader import tiny_model, tiny_tokenizer
+        from traingym.models.loader import tiny_model, tiny_tokenizer  # heavy: torch
 
         model = tiny_model(tiny_tokenizer())
     else:
         if path == "embedded":
-            from traingym.models.embedded import EMBEDDED_NAME, cache_dir, gguf_path
 
             folder = cache_dir() / "models" / EMBEDDED_NAME
             if (folder / "config.json").is_file():
@@ -148,7 +164,7 @@ def env_sigma(median_s: float, p99_s: float) -> float:
 def workload(cfg, args, cluster: TargetCluster, params: int) -> Workload:
     """The run's step from its config and the flags; fails when the config runs an env and
     no latency is given."""
-    from traingym.sandbox.base import Limits
+    from traingym.sandbox.base import Limits  # heavy: pydantic
 
     runs_env = cfg.task.env is not None
     if runs_env and args.env_median_s is None:
@@ -182,8 +198,7 @@ def workload(cfg, args, cluster: TargetCluster, params: int) -> Workload:
 
 def run(args) -> int:
     """`traingym plan`: prints the inputs, one row per configuration and the best runnable."""
-    from traingym.config.load import build_config
-    from traingym.models.presets import get as get_preset
+    from traingym.config.load import build_config  # heavy: pydantic, safetensors, torch
 
     if args.sim_steps < 8:
         raise bad(f"--sim-steps {args.sim_steps}: need at least 8 (4 are warm-up)")

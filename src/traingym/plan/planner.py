@@ -29,6 +29,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from traingym.plan.simulate import SimConfig, link_seconds, simulate, size_cluster, train_seconds
+
 GB = 1e9
 REFERENCE_PARAMS = 8.03e9  # Llama 3.1 8B, the model the presets' token rates were measured on
 # name -> field -> (value, source). Token rates per GPU for the reference model; bandwidths
@@ -151,7 +153,7 @@ class Row:
 
 def bad(message: str):
     """A ConfigError (imported late: traingym.config.schema imports pydantic)."""
-    from traingym.core.errors import ConfigError
+    from traingym.core.errors import ConfigError  # heavy: pydantic
 
     return ConfigError(message)
 
@@ -230,7 +232,6 @@ def codec_figures(path: str | Path | None = None) -> CodecFigures:
 def base_config(w: Workload, c: TargetCluster, r: Rates, mode: str, staleness: int,
                 steps: int, seed: int = 0):
     """The simulator's config for one step of `w` on `c` (split and weights set later)."""
-    from traingym.plan.simulate import SimConfig
 
     return SimConfig(
         steps=steps, warmup=4, prompts_per_step=w.prompts_per_step, group_size=w.group_size,
@@ -273,8 +274,8 @@ def with_weights(cfg, w: Workload, c: TargetCluster, f: CodecFigures, codec: str
 def not_runnable(link: str) -> str:
     """Why the training loop cannot run weights over `link` across nodes ("" if it can):
     the reason the config itself gives (sync: inproc; async over tcp or dist: on Ray)."""
-    from traingym.core.errors import ConfigError
-    from traingym.config.load import validate
+    from traingym.config.load import validate  # heavy: pydantic, safetensors, torch
+    from traingym.core.errors import ConfigError  # heavy: pydantic
 
     data = ({"mode": "sync", "weights": {"transport": "inproc"}} if link == "local" else
             {"mode": "async", "weights": {"transport": link},
@@ -332,7 +333,6 @@ def size_row(name: str, base, c: TargetCluster, runnable: str = "", full: bool =
     import time
     from dataclasses import replace
 
-    from traingym.plan.simulate import link_seconds, simulate, size_cluster, train_seconds
 
     t0 = time.monotonic()
     plan = size_cluster(base, c.gpus, step=split_step(c), gpus_per_engine=c.gpus_per_engine,

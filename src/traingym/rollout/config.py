@@ -32,7 +32,7 @@ class RolloutConfig(Strict):
 
     @model_validator(mode="after")
     def _known_engine(self) -> RolloutConfig:
-        from traingym.rollout import registry
+        from traingym.rollout import registry  # heavy: safetensors, torch
 
         registry.options(self.engine, self.engine_options)  # ValueErrors name the problem
         return self

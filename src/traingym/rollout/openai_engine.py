@@ -68,10 +68,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from traingym.core.types import Completion, GenerationRequest, SamplingParams
 from traingym.models.token_strings import piece_ids
 from traingym.rollout.base import EngineAbilities
 from traingym.rollout.http import HttpClient, ServerRejected, split_base_url
-from traingym.core.types import Completion, GenerationRequest, SamplingParams
 
 PROBE_TEXT = "The answer is 42. Hello, world!"  # the tokenizer check's text
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -57,10 +57,11 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from traingym.core.precision import engine_dtype
 from traingym.core.procs import NotHealthy, free_port, log_tail, stop_group, wait_healthy
+from traingym.core.types import Completion, GenerationRequest
 from traingym.rollout.base import EngineAbilities, EngineUnavailable
 from traingym.rollout.http import HttpClient, split_base_url
-from traingym.core.types import Completion, GenerationRequest
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -114,15 +115,14 @@ class SGLangEngine:
 
     @classmethod
     def from_context(cls, ctx, model, tokenizer, options: Options) -> SGLangEngine:
-        from traingym.core.precision import engine_dtype
 
         # the dtype the run's weight sync sends (the run resolves model.engine_dtype the same way)
         return cls(model, tokenizer, options, engine_dtype(ctx.dtype), ctx.seed)
 
     def __init__(self, model, tokenizer, options: Options, dtype: torch.dtype = torch.bfloat16,
                  seed: int = 0):
-        from traingym.weights.colocated import wire_state
-        from traingym.weights.hashing import state_hash
+        from traingym.weights.colocated import wire_state  # heavy: numpy, zstandard
+        from traingym.weights.hashing import state_hash  # heavy: numpy
 
         self.options, self.dtype, self.tokenizer = options, dtype, tokenizer
         self.version, self.between_steps = 0, None
@@ -222,8 +222,8 @@ class SGLangEngine:
     # -- weights --------------------------------------------------------------------------
 
     def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
-        from traingym.weights.colocated import wire_state
-        from traingym.weights.hashing import state_hash
+        from traingym.weights.colocated import wire_state  # heavy: numpy, zstandard
+        from traingym.weights.hashing import state_hash  # heavy: numpy
 
         state = wire_state(state, self.dtype)
         folder = self.dir / f"v{version}"

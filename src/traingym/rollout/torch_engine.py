@@ -38,10 +38,11 @@ from transformers import DynamicCache
 
 from traingym.core.padding import left_pad, repeat_cache_rows
 from traingym.core.precision import engine_dtype
-from traingym.rollout.base import EngineAbilities
-from traingym.rollout.fused_decoder import FusedDecoder, supports
-from traingym.models.scoring import row_logits, token_logprobs
 from traingym.core.types import Completion, GenerationRequest, SamplingParams
+from traingym.models.scoring import row_logits, token_logprobs
+from traingym.rollout.base import EngineAbilities
+from traingym.rollout.continuous import StepDecoder
+from traingym.rollout.fused_decoder import FusedDecoder, supports
 
 
 def _filter_logits(logits_B_V: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -114,7 +115,6 @@ class TorchEngine:
     def step_decoder(self, max_rows: int | None = None):
         """A rollout/continuous.py StepDecoder over this engine (rows up to `max_rows`,
         default `max_batch_rows`); only where `abilities.step_decoding`."""
-        from traingym.rollout.continuous import StepDecoder
 
         return StepDecoder(self, max_rows)
 
@@ -168,7 +168,7 @@ class TorchEngine:
         a tied tensor once), for a weight subscriber in this process to apply verified
         updates into in place (no copy of the model beside the engine's); the engine serves
         them as a version once `update_weights` is called with them."""
-        from traingym.weights.colocated import wire_views
+        from traingym.weights.colocated import wire_views  # heavy: numpy, zstandard
 
         return wire_views(self.model.state_dict())
 
@@ -190,8 +190,8 @@ class TorchEngine:
 
     def state_hash(self) -> str:
         """The hash of the engine model's own tensors, cast as the wire sends them."""
-        from traingym.weights.colocated import wire_state
-        from traingym.weights.hashing import state_hash
+        from traingym.weights.colocated import wire_state  # heavy: numpy, zstandard
+        from traingym.weights.hashing import state_hash  # heavy: numpy
 
         return state_hash(wire_state(self.model.state_dict(), self.dtype))
 

@@ -51,8 +51,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from traingym.core.precision import engine_dtype
 from traingym.core.procs import log_tail, stop_group
-from traingym.rollout.base import EngineAbilities, EngineUnavailable
 from traingym.core.types import Completion, GenerationRequest
+from traingym.rollout.base import EngineAbilities, EngineUnavailable
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 SETUP = "bash scripts/setup_vllm.sh"
@@ -225,7 +225,7 @@ class VLLMEngine:
         """Write `state` as the folder's model.safetensors (atomically); return its hash."""
         from safetensors.torch import save_file
 
-        from traingym.weights.hashing import state_hash
+        from traingym.weights.hashing import state_hash  # heavy: numpy
 
         covered = {n for group in self.aliases.values() for n in group}
         unknown = sorted(n for n in state if n not in covered)

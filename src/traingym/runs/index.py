@@ -43,7 +43,7 @@ class Checkpoint:
 
     def verify(self) -> dict:
         """Check every file against the manifest (checkpoint.py); return the manifest."""
-        from traingym.runs import checkpoint
+        from traingym.runs import checkpoint  # heavy: safetensors, torch
 
         return checkpoint.verify(self.path)
 

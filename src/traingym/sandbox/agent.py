@@ -19,7 +19,6 @@ Not covered here: isolation itself; that is the job of the backend that starts t
 """
 
 import ctypes
-import errno
 import io
 import json
 import os

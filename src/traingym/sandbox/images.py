@@ -48,6 +48,8 @@ from dataclasses import dataclass, field, replace
 from glob import glob
 from pathlib import Path
 
+from traingym.sandbox.client import host_python
+
 MOUNT = "/image"  # where an image's folder appears inside the sandbox
 FORMAT = 1  # bump when the folder layout changes: old cache entries are then ignored
 SPEC_KEYS = ("requirements", "lock", "files", "python")
@@ -179,7 +181,6 @@ def interpreter(python: str) -> Interpreter:
 def find_python(python: str | None) -> str:
     """The executable for an ImageSpec.python: None (the host's), a path, or a version."""
     if python is None:
-        from traingym.sandbox.client import host_python
 
         return host_python()
     if "/" in python:

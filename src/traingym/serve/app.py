@@ -17,6 +17,7 @@ import random
 import time
 from contextlib import asynccontextmanager
 
+from traingym.core.types import GenerationRequest, SamplingParams
 from traingym.serve import responses as R
 from traingym.serve.batching import Batcher
 from traingym.serve.continuous import ContinuousBatcher
@@ -24,7 +25,6 @@ from traingym.serve.limits import ApiError, Guard, Limits, error_response
 from traingym.serve.live import live_sse
 from traingym.serve.protocol import ChatRequest, CompletionRequest
 from traingym.serve.text import render_chat
-from traingym.core.types import GenerationRequest, SamplingParams
 
 
 class Slots:

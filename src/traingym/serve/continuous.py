@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from traingym.serve.text import TextStream
 from traingym.core.types import Completion, GenerationRequest
+from traingym.serve.text import TextStream
 
 PREFILL_TOKENS = 8192  # padded prompt tokens prefilled in one tick (one prompt at least)
 

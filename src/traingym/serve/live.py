@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 
-from traingym.serve import responses as R
 from traingym.core.types import GenerationRequest
+from traingym.serve import responses as R
 
 
 async def live_sse(batcher, tok, jobs: list[tuple[GenerationRequest, int]], stops: list[str],

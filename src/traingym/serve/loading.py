@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from traingym.config.engines import engine_context
-from traingym.config.load import build_config
+from traingym.config.load import _merge, build_config, parse_overrides
+from traingym.core.errors import ConfigError
 from traingym.models import spec as model_spec
 from traingym.models.families import stop_token_ids
 from traingym.models.loader import check_model_path, load_policy
@@ -43,8 +44,6 @@ def _run_config(run_dir: Path, overrides: list[str]):
     """The default config with the run's model, seed and engine settings (all that serving
     reads), so a run written by an older traingym, whose other keys have moved since, still
     serves; `overrides` go on top."""
-    from traingym.core.errors import ConfigError
-    from traingym.config.load import _merge, build_config, parse_overrides
 
     path = run_dir / "config.json"
     if not path.is_file():
@@ -65,7 +64,6 @@ def _run_config(run_dir: Path, overrides: list[str]):
 
 def resolve(arg: str) -> tuple[str, Path | None, Path | None]:
     """(kind, checkpoint folder, run dir): kind is 'checkpoint' or 'model'."""
-    from traingym.runs import checkpoint
 
     if arg in ("tiny", "embedded"):
         return "model", None, None

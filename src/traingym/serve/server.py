@@ -17,6 +17,8 @@ import os
 import signal
 import sys
 
+from traingym.serve.limits import Limits
+
 
 def add_parser(sub) -> None:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP API over a checkpoint or model")
@@ -56,7 +58,7 @@ def is_loopback(host: str) -> bool:
 
 def api_key(host: str, env_var: str | None) -> str | None:
     """The key from `env_var`; ConfigError for a non-loopback host without one."""
-    from traingym.core.errors import ConfigError
+    from traingym.core.errors import ConfigError  # heavy: pydantic
 
     if env_var is None:
         if not is_loopback(host):
@@ -72,8 +74,7 @@ def api_key(host: str, env_var: str | None) -> str | None:
 
 
 def main(args) -> int:
-    from traingym.core.errors import ConfigError
-    from traingym.serve.limits import Limits
+    from traingym.core.errors import ConfigError  # heavy: pydantic
 
     key = api_key(args.host, args.api_key_env)  # before loading anything
     for flag in ("max_tokens", "max_prompt_tokens", "max_concurrent", "max_n", "max_body_bytes",
@@ -83,13 +84,12 @@ def main(args) -> int:
     try:
         import uvicorn
 
-        from traingym.serve.app import build_app
+        from traingym.serve.app import build_app  # heavy: pydantic
     except ModuleNotFoundError as e:
         raise ConfigError(f"traingym serve needs {e.name}: pip install 'traingym[serve]'") \
             from None
-    from traingym.serve.loading import load
-
-    from traingym.runs.checkpoint import CheckpointError
+    from traingym.runs.checkpoint import CheckpointError  # heavy: safetensors, torch
+    from traingym.serve.loading import load  # heavy: pydantic, safetensors, torch
 
     try:
         served = load(args.model, args.overrides, args.served_model_name)

@@ -121,7 +121,7 @@ class DistillConfig(Strict):
 def teacher_options(name: str, teacher: str | None, raw: dict[str, Any]) -> dict[str, Any]:
     """distill.teacher_engine's options, checked (the engine exists, scores given tokens, its
     options are valid); an engine that takes no weights gets distill.teacher as its base_url."""
-    from traingym.rollout import registry
+    from traingym.rollout import registry  # heavy: safetensors, torch
 
     try:
         cls = registry.get(name)

@@ -46,14 +46,23 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from traingym.algorithms.grpo import GRPO
 from traingym.algorithms.importance import ImportanceSpec
 from traingym.core import trace
-from traingym.trainer.config import TrainerConfig
-from traingym.trainer.rank import (Rank, RankSpec, build_replica, fqn_optimizer_state,
-                                   indexed_optimizer_state, manifest, tied_names,
-                                   trainable_names)
-from traingym.trainer.torch_trainer import batch_tokens, check_finite, empty_metrics, make_optimizer
 from traingym.core.types import Batch
+from traingym.trainer.config import TrainerConfig
+from traingym.trainer.local_ranks import LocalPlacement
+from traingym.trainer.rank import (
+    Rank,
+    RankSpec,
+    build_replica,
+    fqn_optimizer_state,
+    indexed_optimizer_state,
+    manifest,
+    tied_names,
+    trainable_names,
+)
+from traingym.trainer.torch_trainer import batch_tokens, check_finite, empty_metrics, make_optimizer
 
 GRACE_S = 5.0  # after rank 0 fails, how long a worker's own error report may take to arrive
 START_S = 120.0  # a worker's start (spawn, import torch and transformers, build the model)
@@ -95,7 +104,6 @@ class DistributedTrainer:
         them; each rank gets them through its RankSpec."""
         t = trainer
         if algorithm is None:
-            from traingym.algorithms.grpo import GRPO
 
             algorithm = GRPO()
         if dist.is_initialized():
@@ -108,12 +116,11 @@ class DistributedTrainer:
         self.closed, self._handed = False, None
         self.ties = tied_names(model)  # FSDP2's gathered state unties them; export re-ties
         if cluster.type == "ray":
-            from traingym.trainer.ray_ranks import RayPlacement  # late: local never imports ray
+            from traingym.trainer.ray_ranks import RayPlacement  # heavy: ray
 
             self.placement = RayPlacement(cluster, t.dist_timeout_s)
             threads = threads or 1
         else:
-            from traingym.trainer.local_ranks import LocalPlacement
 
             self.placement = LocalPlacement()
             threads = threads or max(1, (os.cpu_count() or 1) // self.world)

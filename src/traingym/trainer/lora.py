@@ -61,7 +61,7 @@ class AdapterEngine:
     """Wraps a TorchEngine: takes adapter tensors, serves base + (alpha / r) B A."""
 
     def __init__(self, inner, lcfg: LoraConfig):
-        from traingym.weights.hashing import state_hash
+        from traingym.weights.hashing import state_hash  # heavy: numpy
 
         self.inner, self.scale = inner, lcfg.alpha / lcfg.rank
         own = inner.model.state_dict()
@@ -82,7 +82,7 @@ class AdapterEngine:
 
     def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         """`state`: the verified adapter tensors of every target module."""
-        from traingym.weights.hashing import state_hash
+        from traingym.weights.hashing import state_hash  # heavy: numpy
 
         expected = {f"{n}.lora_{x}.weight" for n in self.targets for x in "AB"}
         if set(state) != expected:

@@ -25,9 +25,9 @@ from __future__ import annotations
 import torch
 
 from traingym.core.padding import right_pad
+from traingym.core.types import Group
 from traingym.models.scoring import row_logits, scaled
 from traingym.trainer.logprobs import TokenLogprobs, lm_head_inputs
-from traingym.core.types import Group
 
 
 def pass_tokens(groups: list[Group]) -> int:

@@ -41,8 +41,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from traingym.trainer.config import TrainerConfig
 from traingym.core import trace
+from traingym.trainer.config import TrainerConfig
 from traingym.trainer.torch_trainer import TorchTrainer
 
 
@@ -211,9 +211,11 @@ class Rank:
 
     def gather(self) -> tuple[dict, dict] | None:
         """(full model state, full optimizer state keyed by name) on rank 0 (a collective)."""
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions,
-                                                             get_model_state_dict,
-                                                             get_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         full = StateDictOptions(full_state_dict=True, cpu_offload=True)
         fm = self.trainer.forward_model
@@ -224,9 +226,11 @@ class Rank:
     def push(self, model_state: dict | None = None, optim_state: dict | None = None) -> None:
         """Every rank takes rank 0's full model and optimizer state (a collective; workers
         pass nothing)."""
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions,
-                                                             set_model_state_dict,
-                                                             set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         fm = self.trainer.forward_model

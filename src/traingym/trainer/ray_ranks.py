@@ -23,7 +23,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from traingym.cluster.ray import join_cluster
+from traingym.core.raycluster import join_cluster
 from traingym.trainer.rank import RankServer, RankSpec, describe
 
 

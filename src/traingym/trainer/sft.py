@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import random
 
-from traingym.envs.datasets import DatasetError, load_rows
 from traingym.core.padding import right_pad
+from traingym.envs.datasets import DatasetError, load_rows
 
 
 def load_chats(source) -> list[list[dict]]:

@@ -28,15 +28,16 @@ from pathlib import Path
 import torch
 
 from traingym.core import trace
-from traingym.trainer.config import DistillConfig
+from traingym.models.loader import load_policy
+from traingym.rollout.context import EngineContext
+from traingym.trainer.config import DistillConfig, teacher_options
 
 
 def load_teacher(spec: str, student_path: str, seed: int = 0):
     """The teacher model (eval, frozen, fp32) from `distill.teacher`."""
     from safetensors.torch import load_model
 
-    from traingym.models.loader import load_policy
-    from traingym.runs import checkpoint
+    from traingym.runs import checkpoint  # heavy: safetensors
 
     folder = Path(spec).expanduser()
     ck = None
@@ -74,9 +75,7 @@ def build_teacher(section: DistillConfig, student_path: str, student_vocab: int,
     with `teacher_engine`."""
     if section.teacher_engine is None:
         return LocalTeacher(load_teacher(section.teacher, student_path, seed), student_vocab)
-    from traingym.rollout import registry
-    from traingym.rollout.context import EngineContext
-    from traingym.trainer.config import teacher_options
+    from traingym.rollout import registry  # heavy: safetensors
 
     name = section.teacher_engine
     raw = teacher_options(name, section.teacher, section.teacher_engine_options)
@@ -84,7 +83,7 @@ def build_teacher(section: DistillConfig, student_path: str, student_vocab: int,
                         max_batch_rows=max_batch_rows, seed=seed)
     model = tok = None  # an engine without weights: registry.build loads the tokenizer only
     if registry.get(name).abilities.takes_weights:
-        from traingym.models.spec import tokenizer
+        from traingym.models.spec import tokenizer  # heavy: safetensors
 
         model, tok = load_teacher(section.teacher, student_path, seed), tokenizer(student_path)
         check_vocab(model, student_vocab)

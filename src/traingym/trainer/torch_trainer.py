@@ -62,14 +62,21 @@ import math
 
 import torch
 
-from traingym.algorithms.importance import (ImportanceSpec, importance_sums,
-                                            importance_weights, mismatch_sums, over_cap)
-from traingym.trainer.config import TrainerConfig
+from traingym.algorithms.grpo import GRPO
+from traingym.algorithms.importance import (
+    ImportanceSpec,
+    importance_sums,
+    importance_weights,
+    mismatch_sums,
+    over_cap,
+)
 from traingym.core import trace
 from traingym.core.precision import autocast_bf16
+from traingym.core.types import Batch
+from traingym.trainer.config import TrainerConfig
 from traingym.trainer.logprobs import completion_logprobs
 from traingym.trainer.micro import micro_batches, sequence_logprobs
-from traingym.core.types import Batch
+from traingym.trainer.value_head import make_value_head, value_targets, values_of
 
 
 class TorchTrainer:
@@ -80,7 +87,6 @@ class TorchTrainer:
         `algorithm`: an algorithms/base.py Algorithm (None: GRPO with its defaults).
         `teacher`: a trainer/teacher.py teacher, for an algorithm with `needs_teacher`."""
         if algorithm is None:
-            from traingym.algorithms.grpo import GRPO
 
             algorithm = GRPO()
         if algorithm.needs_teacher and teacher is None:
@@ -105,7 +111,6 @@ class TorchTrainer:
         self.forward_model = wrap(model) if wrap is not None else model
         self.value_head = None  # algorithms with needs_values (trainer/value_head.py)
         if algorithm.needs_values:
-            from traingym.trainer.value_head import make_value_head
 
             self.value_head = make_value_head(model)
         # trained beside the model, saved in checkpoints (checkpoint.py), never exported
@@ -154,7 +159,6 @@ class TorchTrainer:
             teacher = self.teacher.logprobs(self, groups, chunks, rows)
         targets, token_adv, extra = None, None, {}
         if self.value_head is not None:  # V_old, GAE: once per batch, before the update
-            from traingym.trainer.value_head import value_targets
 
             with trace.span("values", cat="trainer"):
                 targets = value_targets(self, chunks, rows, refs)
@@ -206,7 +210,6 @@ class TorchTrainer:
 
     def _value_loss(self, out, targets, n: int, stats: dict, total_tokens: int):
         """Per-token value loss of micro-batch n (the algorithm's, e.g. clipped); its stats."""
-        from traingym.trainer.value_head import values_of
 
         mask = out.mask_B_T
         v_B_T = values_of(self.value_head, out.hidden_B_T_H, mask)

@@ -42,7 +42,14 @@ import torch
 import zstandard
 
 from traingym.weights import entropy, lthash, native, tiered
-from traingym.weights.base import BaseMismatch, IntegrityError, Payload, State, TensorEntry, UpdateHeader
+from traingym.weights.base import (
+    BaseMismatch,
+    IntegrityError,
+    Payload,
+    State,
+    TensorEntry,
+    UpdateHeader,
+)
 from traingym.weights.changes import Changes, Pool, plan_pieces
 from traingym.weights.extract import cast_changes, changes
 from traingym.weights.hashing import bits, dtype_name, dtype_of

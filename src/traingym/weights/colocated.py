@@ -52,8 +52,13 @@ import torch
 from traingym.core import trace
 from traingym.weights import registry
 from traingym.weights.base import CODECS, State
-from traingym.weights.sync import (Publisher, PublisherConfig, PublishStats, Subscriber,
-                                   SubscriberConfig)
+from traingym.weights.sync import (
+    Publisher,
+    PublisherConfig,
+    PublishStats,
+    Subscriber,
+    SubscriberConfig,
+)
 
 
 def codec_choices() -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from traingym.core.errors import Strict, did_you_mean  # noqa: F401
+from traingym.weights import registry
 
 
 class WeightsConfig(Strict):
@@ -33,7 +34,7 @@ class WeightsConfig(Strict):
     @field_validator("codec")
     @classmethod
     def _known_codec(cls, v: str) -> str:
-        from traingym.weights.colocated import codec_choices
+        from traingym.weights.colocated import codec_choices  # heavy: numpy, torch, zstandard
 
         if v not in codec_choices():
             raise ValueError(f"unknown codec {v!r}; choose one of {codec_choices()}"
@@ -43,7 +44,6 @@ class WeightsConfig(Strict):
     @field_validator("transport")
     @classmethod
     def _known_transport(cls, v: str) -> str:
-        from traingym.weights import registry
 
         transport = registry.get(v)  # UnknownTransport (a ValueError) names the choices
         if transport.not_in_loop:

@@ -127,7 +127,7 @@ def change_sum(name: str, numel: int, pos: np.ndarray, old: np.ndarray,
 
 def state_sum(state) -> np.ndarray:
     """The hash of a whole state from scratch (every element): for tests and checks."""
-    from traingym.weights.hashing import bits
+    from traingym.weights.hashing import bits  # heavy: torch
 
     out = zero()
     for name in sorted(state):

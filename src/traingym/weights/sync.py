@@ -47,9 +47,18 @@ from typing import Callable
 import torch
 
 from traingym.core import trace
-from traingym.weights.base import (CODECS, BaseMismatch, IntegrityError, Payload, PeerDead,
-                                   Receiver, Sender, State, TransportTimeout)
 from traingym.weights import lthash
+from traingym.weights.base import (
+    CODECS,
+    BaseMismatch,
+    IntegrityError,
+    Payload,
+    PeerDead,
+    Receiver,
+    Sender,
+    State,
+    TransportTimeout,
+)
 from traingym.weights.codecs import apply_changes
 from traingym.weights.frame import seal, verify_body
 from traingym.weights.hashing import state_hash
