@@ -53,11 +53,9 @@ import xxhash
 from traingym.core import trace
 from traingym.core.types import SamplingParams
 from traingym.envs.config import TaskConfig
-from traingym.envs.multi_turn import BoundFactory
-from traingym.envs.render import PromptRenderer
+from traingym.envs.factory import episode_factory
 from traingym.envs.resources import RunResources
 from traingym.envs.runner import CLOSE_TIMEOUT_S, EpisodeLimits, RolloutRunner
-from traingym.envs.single_turn import SingleTurnFactory
 from traingym.models.families import stop_token_ids
 from traingym.models.loader import load_policy
 from traingym.rollout.base import UNSERVED
@@ -160,9 +158,8 @@ class EngineProcess:
             verified = self.subscriber.wait_for(spec.start_version, self.timeout_s)
         with trace.span("apply", cat="weights", version=self.subscriber.version):
             self.engine.update_weights(verified, self.subscriber.version)
-        renderer = PromptRenderer(tok, spec.task.prefill, spec.task.system_prompt)
-        factory = (BoundFactory(spec.env, renderer) if spec.env is not None
-                   else SingleTurnFactory(spec.reward_fn, renderer))
+        factory = episode_factory(tok, spec.task.prefill, spec.task.system_prompt, spec.env,
+                                  spec.reward_fn)
         stop_ids = () if r.ignore_eos else stop_token_ids(tok)
         params = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, stop_ids)
         if spec.inflight_updates:

@@ -30,9 +30,7 @@ from traingym.config.schema import Config
 from traingym.core.errors import ConfigError
 from traingym.envs import adapters
 from traingym.envs.datasets import load_rows, validate_rows
-from traingym.envs.multi_turn import BoundFactory
-from traingym.envs.render import PromptRenderer
-from traingym.envs.single_turn import SingleTurnFactory
+from traingym.envs.factory import episode_factory
 from traingym.envs.tasks import builtin_task, exact_answer
 from traingym.loop.inputs import import_reward, resolve_env
 from traingym.models import spec as model_spec
@@ -159,16 +157,14 @@ def load_weights(model, cfg: Config, folder: Path) -> None:
 
 def make_factory(cfg: Config, tokenizer, reward: Callable | None, env, group_reward,
                  custom_rows: bool = False):
-    """(env factory, group hook) as the run builds them (run.py _assemble)."""
+    """(env factory, group hook) as the run builds them (envs/factory.py)."""
 
     env, group_reward = resolve_env(cfg, env, group_reward)
     if env is not None and reward is not None:
         raise ConfigError("pass either reward= (single-turn) or env= (the env scores its own "
                           "episodes), not both")
-    renderer = PromptRenderer(tokenizer, cfg.task.prefill, cfg.task.system_prompt)
-    if env is not None:
-        return BoundFactory(env, renderer), group_reward
-    if reward is None:
+    t = cfg.task
+    if env is None and reward is None:
         if cfg.task.reward:
             reward = import_reward(cfg.task.reward)
         elif not custom_rows and cfg.task.dataset is None and cfg.task.eval_dataset is None:
@@ -176,4 +172,4 @@ def make_factory(cfg: Config, tokenizer, reward: Callable | None, env, group_rew
         else:
             raise ConfigError("a custom dataset needs a reward: pass reward= (--reward "
                               "module:function) or set task.reward")
-    return SingleTurnFactory(reward, renderer), group_reward
+    return episode_factory(tokenizer, t.prefill, t.system_prompt, env, reward), group_reward

@@ -27,11 +27,9 @@ from traingym.core.precision import engine_dtype
 from traingym.core.types import SamplingParams
 from traingym.envs.base import EnvFactory
 from traingym.envs.evaluate import as_dict, evaluate, paired_difference
-from traingym.envs.multi_turn import BoundFactory
-from traingym.envs.render import PromptRenderer
+from traingym.envs.factory import episode_factory
 from traingym.envs.resources import RunResources
 from traingym.envs.runner import EpisodeLimits, RolloutRunner
-from traingym.envs.single_turn import SingleTurnFactory
 from traingym.loop.inputs import Inputs, resolve_inputs
 from traingym.loop.trainer import build_trainer
 from traingym.models.families import stop_token_ids
@@ -292,9 +290,8 @@ def _assemble(cfg, run_dir, resume, inputs, progress, model, tok, engine) -> tup
 
 
 def _wire(cfg, run_dir, resume, inputs, progress, tok, engine, trainer) -> tuple[Run, int]:
-    renderer = PromptRenderer(tok, cfg.task.prefill, cfg.task.system_prompt)
-    factory = (BoundFactory(inputs.env, renderer) if inputs.env is not None
-               else SingleTurnFactory(inputs.reward_fn, renderer))
+    factory = episode_factory(tok, cfg.task.prefill, cfg.task.system_prompt, inputs.env,
+                              inputs.reward_fn)
     stop_ids = () if cfg.rollout.ignore_eos else stop_token_ids(tok)
     r = cfg.rollout
     params = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, stop_ids)

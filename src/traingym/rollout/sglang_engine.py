@@ -59,6 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from traingym.core.precision import engine_dtype
 from traingym.core.procs import NotHealthy, free_port, log_tail, stop_group, wait_healthy
+from traingym.core.ties import alias_groups
 from traingym.core.types import Completion, GenerationRequest
 from traingym.rollout.base import EngineAbilities, EngineUnavailable
 from traingym.rollout.http import HttpClient, split_base_url
@@ -68,12 +69,7 @@ DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "
 
 def _alias_groups(state: dict[str, torch.Tensor]) -> list[list[str]]:
     """Names that share one tensor (tied weights), each group in sorted order."""
-    groups: dict[tuple, list[str]] = {}
-    for name in sorted(state):
-        t = state[name]
-        groups.setdefault((t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)),
-                          []).append(name)
-    return [g for g in groups.values() if len(g) > 1]
+    return [g for g in alias_groups(state) if len(g) > 1]
 
 
 def default_python() -> str:

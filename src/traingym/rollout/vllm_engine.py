@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from traingym.core.precision import engine_dtype
 from traingym.core.procs import log_tail, stop_group
+from traingym.core.ties import alias_groups
 from traingym.core.types import Completion, GenerationRequest
 from traingym.rollout.base import EngineAbilities, EngineUnavailable
 
@@ -356,12 +357,7 @@ class VLLMEngine:
 
 def _aliases(state: dict[str, torch.Tensor]) -> dict[str, list[str]]:
     """Names grouped by the storage they share (tied weights), keyed by the first sorted."""
-    groups: dict[tuple, list[str]] = {}
-    for name in sorted(state):
-        t = state[name]
-        groups.setdefault((t.untyped_storage().data_ptr(), t.storage_offset(),
-                           tuple(t.shape), t.dtype), []).append(name)
-    return {g[0]: g for g in groups.values()}
+    return {g[0]: g for g in alias_groups(state)}
 
 
 def _stop(proc: subprocess.Popen | None, work_dir: Path | None) -> None:

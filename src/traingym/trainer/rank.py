@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from traingym.core import trace
+from traingym.core.ties import alias_groups
 from traingym.trainer.config import TrainerConfig
 from traingym.trainer.torch_trainer import TorchTrainer
 
@@ -80,11 +81,8 @@ def manifest(model) -> list[tuple[str, tuple[int, ...], str]]:
 
 def tied_names(model) -> dict[str, str]:
     """State-dict names that alias an earlier one (tied weights): {name: first name}."""
-    first, ties = {}, {}
-    for name, t in model.state_dict(keep_vars=True).items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
-        ties[name] = first.setdefault(key, name)
-    return {n: f for n, f in ties.items() if n != f}
+    groups = alias_groups(model.state_dict(keep_vars=True), sort=False)
+    return {name: g[0] for g in groups for name in g[1:]}
 
 
 def build_replica(spec: RankSpec):

@@ -50,6 +50,7 @@ from pathlib import Path
 import torch
 
 from traingym.core import trace
+from traingym.core.ties import alias_groups
 from traingym.weights import registry
 from traingym.weights.base import CODECS, State
 from traingym.weights.sync import (
@@ -68,15 +69,7 @@ def codec_choices() -> list[str]:
 def wire_views(state: State) -> State:
     """The state's tensors as the engine's names them, not cast: detached, contiguous, and
     each aliased tensor (tied weights) once, under its first name in sorted order."""
-    out, seen = {}, set()
-    for name in sorted(state):
-        t = state[name]
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
-        if key in seen:
-            continue
-        seen.add(key)
-        out[name] = t.detach().contiguous()
-    return out
+    return {g[0]: state[g[0]].detach().contiguous() for g in alias_groups(state)}
 
 
 def wire_state(state: State, dtype: torch.dtype) -> State:
