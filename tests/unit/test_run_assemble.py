@@ -1,4 +1,4 @@
-"""run.py `_build_run`: when a step after the trainer is built fails (here the first weight
+"""loop/build.py `_assemble`: when a step after the trainer is built fails (here the first weight
 publish; the run log and a resume from a checkpoint come in the same window), the trainer is
 closed (it may own a process: a distillation teacher's vLLM worker) and so is the engine,
 and the error reaches the caller."""

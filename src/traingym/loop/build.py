@@ -12,6 +12,7 @@ import os
 import random
 import statistics
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,7 +235,7 @@ def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_datas
     if cfg.observability.trace:  # this process's shard; started processes add theirs
         trace.start(run_dir / trace.TRACE_DIR, "trainer")
     try:
-        run, start_step = _build_run(cfg, run_dir, resume, inputs, progress)
+        run, start_step = _assemble(cfg, run_dir, resume, inputs, progress)
     except BaseException:  # the lock is released; the error goes on
         trace.stop()
         lock.release()
@@ -261,8 +262,10 @@ def take_run_dir(run_dir: Path, cfg: Config, resume: bool) -> runlock.RunLock:
     return lock
 
 
-def _build_run(cfg: Config, run_dir: Path, resume: bool, inputs: Inputs,
-               progress: bool) -> tuple[Run, int]:
+def _assemble(cfg: Config, run_dir: Path, resume: bool, inputs: Inputs,
+              progress: bool) -> tuple[Run, int]:
+    """Model, engine, trainer, then the wiring; if a later part fails, what was built is
+    closed (an engine may own a server process, a trainer a teacher's worker)."""
     torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
@@ -272,21 +275,13 @@ def _build_run(cfg: Config, run_dir: Path, resume: bool, inputs: Inputs,
         from traingym.trainer.lora import wrap_engine  # heavy: transformers
 
         engine = wrap_engine(cfg, engine)
-    try:
-        run, start_step = _assemble(cfg, run_dir, resume, inputs, progress, model, tok, engine)
-    except BaseException:
-        engine.close()  # an engine may own a server process
-        raise
+    with ExitStack() as undo:
+        undo.callback(engine.close)
+        trainer = build_trainer(cfg, model, tok.pad_token_id)  # loop/trainer.py
+        undo.callback(trainer.close)
+        run, start_step = _wire(cfg, run_dir, resume, inputs, progress, tok, engine, trainer)
+        undo.pop_all()  # built: the run closes them
     return run, start_step
-
-
-def _assemble(cfg, run_dir, resume, inputs, progress, model, tok, engine) -> tuple[Run, int]:
-    trainer = build_trainer(cfg, model, tok.pad_token_id)  # loop/trainer.py
-    try:
-        return _wire(cfg, run_dir, resume, inputs, progress, tok, engine, trainer)
-    except BaseException:
-        trainer.close()  # a trainer may own a process (a distillation teacher's vLLM worker)
-        raise
 
 
 def _wire(cfg, run_dir, resume, inputs, progress, tok, engine, trainer) -> tuple[Run, int]:
@@ -296,7 +291,8 @@ def _wire(cfg, run_dir, resume, inputs, progress, tok, engine, trainer) -> tuple
     r = cfg.rollout
     params = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, stop_ids)
     log = RunLog(run_dir, cfg.observability.samples_per_step,
-                 Sinks(run_dir, cfg) if cfg.observability.sinks else None, tok)
+                 Sinks(run_dir, cfg.observability, cfg.model_dump(mode="json"))
+                 if cfg.observability.sinks else None, tok)
     start_step, position, state = 0, 0, {}
     if resume:
         saved = checkpoint.committed(run_dir / "checkpoints")

@@ -32,7 +32,7 @@ class MlflowSink:
     extra = "mlflow"
     options = ("experiment", "run_name", "tracking_uri")
 
-    def open(self, run_dir: Path, cfg: Any, options: dict[str, Any]) -> None:
+    def open(self, run_dir: Path, config: dict[str, Any], options: dict[str, Any]) -> None:
         import logging
 
         from mlflow.entities import Param
@@ -49,7 +49,7 @@ class MlflowSink:
             name, artifact_location=(run_dir / "mlflow-artifacts").as_uri())
         run = self.client.create_run(exp_id, run_name=options.get("run_name", run_dir.name))
         self.run_id = run.info.run_id
-        params = [Param(k, v) for k, v in _flat(cfg.model_dump(mode="json")).items()]
+        params = [Param(k, v) for k, v in _flat(config).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
             self.client.log_batch(self.run_id, params=params[i:i + 100])
 

@@ -16,7 +16,7 @@ class TensorBoardSink:
     extra = "tensorboard"
     options = ("subdir",)  # folder under the run directory (default "tensorboard")
 
-    def open(self, run_dir: Path, cfg: Any, options: dict[str, Any]) -> None:
+    def open(self, run_dir: Path, config: dict[str, Any], options: dict[str, Any]) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.dir = Path(run_dir) / options.get("subdir", "tensorboard")

@@ -21,12 +21,12 @@ class WandbSink:
     extra = "wandb"
     options = ("mode", "project", "name", "entity", "group", "tags", "notes")
 
-    def open(self, run_dir: Path, cfg: Any, options: dict[str, Any]) -> None:
+    def open(self, run_dir: Path, config: dict[str, Any], options: dict[str, Any]) -> None:
         import wandb
 
         run_dir = Path(run_dir)
         opts = {"project": "traingym", "name": run_dir.name, "mode": "offline", **options}
-        self.run = wandb.init(dir=str(run_dir), config=cfg.model_dump(mode="json"),
+        self.run = wandb.init(dir=str(run_dir), config=config,
                               reinit="create_new", **opts,
                               settings=wandb.Settings(silent=True, console="off"))
         self.run.define_metric("step")

@@ -33,7 +33,8 @@ class Sink(Protocol):
     with find_spec when the config is built), `extra` (the pip extra that installs them) and
     `options` (the option names it accepts from observability.sink_options)."""
 
-    def open(self, run_dir: Path, cfg: Any, options: dict[str, Any]) -> None: ...
+    def open(self, run_dir: Path, config: dict[str, Any], options: dict[str, Any]) -> None:
+        """`config`: the run's resolved config as JSON (what a tracker records as params)."""
 
     def log(self, step: int, record: dict[str, float]) -> None: ...
 
@@ -104,9 +105,9 @@ def scalars(record: dict[str, Any]) -> tuple[int, dict[str, float]]:
 class Sinks:
     """The sinks of one run: opened at the first record, each dropped at its first error."""
 
-    def __init__(self, run_dir: Path, cfg: Any):
-        self.run_dir, self.cfg = Path(run_dir), cfg
-        obs = cfg.observability
+    def __init__(self, run_dir: Path, obs: Any, config: dict[str, Any]):
+        """`obs`: the observability section (observability/config.py); `config`: the run's."""
+        self.run_dir, self.config = Path(run_dir), config
         self.pending = [(n, dict(obs.sink_options.get(n, {}))) for n in obs.sinks]
         self.live: dict[str, Any] = {}
         self.failed: dict[str, str] = {}  # name -> the error reported
@@ -122,7 +123,7 @@ class Sinks:
         for name, options in pending:
             try:
                 sink = sink_class(name)()
-                sink.open(self.run_dir, self.cfg, options)
+                sink.open(self.run_dir, self.config, options)
             except Exception as e:  # a sink never stops the run (reported once)
                 self._drop(name, "open", e)
             else:
