@@ -49,7 +49,7 @@ def test_async_run_with_two_local_ranks_trains_as_one_process(tmp_path, monkeypa
         assert [r["rank"] for r in dp.ranks] == [0, 1] and dp.ranks[1]["pid"] != os.getpid()
         # the same weights and a fresh AdamW, IS-corrected as async mode is
         ref = TorchTrainer(copy.deepcopy(dp.model), cfg.trainer, cfg.rollout.temperature,
-                           run.tokenizer.pad_token_id, importance=ImportanceSpec.from_config(cfg),
+                           run.tokenizer.pad_token_id, importance=ImportanceSpec.from_section(cfg.algorithm, cfg.mode),
                            algorithm=algorithms.build(cfg))
         before = {k: v.clone() for k, v in ref.export().items()}
         pairs, train_step = [], dp.train_step

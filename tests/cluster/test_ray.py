@@ -314,7 +314,7 @@ def test_data_parallel_ranks_on_two_nodes_equal_one_process(two_nodes):
                    "trainer_resources": {"engine_node": 1.0}})
     cfg.trainer.data_parallel, cfg.trainer.micro_batch_groups = 2, 2
     ref = TorchTrainer(copy.deepcopy(model), cfg.trainer, cfg.rollout.temperature,
-                       tok.pad_token_id, importance=ImportanceSpec.from_config(cfg),
+                       tok.pad_token_id, importance=ImportanceSpec.from_section(cfg.algorithm, cfg.mode),
                        algorithm=algorithms.build(cfg))  # async: IS-corrected
     dp = build_trainer(cfg, copy.deepcopy(model), tok.pad_token_id)
     try:

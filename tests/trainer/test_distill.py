@@ -4,6 +4,7 @@ student's held-out reward end to end (tiny)."""
 import pytest
 import torch
 
+from traingym.loop.trainer import build_algorithm
 import traingym
 from traingym.algorithms.distill import distill_advantages
 from traingym.trainer.teacher import load_teacher
@@ -43,12 +44,11 @@ def test_a_better_teacher_lifts_an_untrained_student(tmp_path):
 
 
 def test_distillation_keeps_equal_reward_groups():
-    from traingym.algorithms import registry
     from traingym.core.types import Group, Sample
 
     cfg = traingym.build_config("tiny", overrides={"distill": {"teacher": "tiny"}})
     same = Group([Sample((1, 2), [3], [-1.0], [0], {}, reward=0.5) for _ in range(4)], 0)
-    batch = registry.build(cfg).build_batch([same])
+    batch = build_algorithm(cfg).build_batch([same])
     assert len(batch.groups) == 1 and batch.advantages_G == [[0.0] * 4]
-    plain = registry.build(traingym.build_config("tiny")).build_batch([same])
+    plain = build_algorithm(traingym.build_config("tiny")).build_batch([same])
     assert plain.groups == [] and plain.num_dropped_groups == 1

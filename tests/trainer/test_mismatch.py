@@ -110,7 +110,7 @@ def test_two_ranks_give_one_process_figures(tiny):
         "micro_batch_groups": 2, "lr": 1e-2, "data_parallel": 2},
         "algorithm": {"is_correction": "tis"}})
     ref = TorchTrainer(copy.deepcopy(model), cfg.trainer, 1.0, pad,
-                       importance=ImportanceSpec.from_config(cfg))
+                       importance=ImportanceSpec.from_section(cfg.algorithm, cfg.mode))
     dp = build_trainer(cfg, copy.deepcopy(model), pad)
     try:
         for step in range(2):  # groups split 3 + 2; the second step after an update

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from traingym.loop.trainer import build_algorithm
 from traingym.envs.group import score_group
 from traingym.envs.evaluate import Score, group_means, paired_difference, pass_at_k_score
 from traingym.core.types import Group, Sample
@@ -82,8 +83,7 @@ def test_a_group_reward_never_sees_dropped_samples():
 
 def test_the_batch_leaves_a_group_with_a_dropped_sample_out():
     import traingym
-    from traingym.algorithms import registry
 
-    algo = registry.build(traingym.build_config("tiny"))
+    algo = build_algorithm(traingym.build_config("tiny"))
     batch = algo.build_batch([_group(0, 1.0, "judge: x"), _group(1, 1.0, 0.0)])
     assert [g.index for g in batch.groups] == [1] and batch.num_dropped_groups == 1

@@ -136,11 +136,11 @@ def test_is_correction_lives_in_the_algorithm_section():
     sync = traingym.build_config("tiny")
     asyn = traingym.build_config("tiny", overrides={"mode": "async",
                                                     "weights": {"transport": "tcp"}})
-    assert ImportanceSpec.from_config(sync) == ImportanceSpec("none", "token", 2.0)
-    assert ImportanceSpec.from_config(asyn) == ImportanceSpec("tis", "token", 2.0)
+    assert ImportanceSpec.from_section(sync.algorithm, sync.mode) == ImportanceSpec("none", "token", 2.0)
+    assert ImportanceSpec.from_section(asyn.algorithm, asyn.mode) == ImportanceSpec("tis", "token", 2.0)
     on = traingym.build_config("tiny", overrides={"algorithm": {
         "is_correction": "mis", "is_level": "sequence", "is_cap": 3.0}})
-    assert ImportanceSpec.from_config(on) == ImportanceSpec("mis", "sequence", 3.0)
+    assert ImportanceSpec.from_section(on.algorithm, on.mode) == ImportanceSpec("mis", "sequence", 3.0)
     with pytest.raises(ConfigError, match="apply only with an importance correction"):
         traingym.build_config("tiny", overrides={"algorithm": {"is_cap": 3.0}})
 

@@ -4,9 +4,9 @@ Departures from the paper: std normalisation is optional (off follows Dr. GRPO, 
 2025, which shows it biases towards easy and hard prompts); groups whose rewards are all
 equal carry no signal and are dropped and counted rather than trained on with zero advantage.
 
-The loops no longer call these: they build batches through the run's algorithm
-(algorithms/registry.py, step.py). They are kept as the pre-seam reference that GRPO is
-tested against (tests/algorithms/test_advantages.py).
+The loops do not call these (they build batches through the run's algorithm,
+algorithms/registry.py); they are the reference GRPO is tested against
+(tests/algorithms/test_advantages.py).
 """
 
 from __future__ import annotations

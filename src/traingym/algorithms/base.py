@@ -1,39 +1,15 @@
 """The algorithm seam: what an RL algorithm supplies, and what it asks of the trainer.
 
-An algorithm is one class (one file) plus one line in algorithms/registry.py. It supplies:
-
-- the batch (`build_batch(groups) -> Batch`): rewards shaped (the soft overlong penalty),
-  per-sample advantages from each group (`group_advantages`) or from the whole batch
-  (`batch_advantages`), groups without signal dropped and counted, truncated samples
-  filtered out (overlong filtering);
-- per-token advantages where they need the trainer's forward pass (`token_advantages`: the
-  KL to the reference as a per-token reward penalty, `algorithm.kl_in = "reward"`);
-- the per-token loss (`token_loss`) and how it is normalised: each token's weight in the sum
-  (`token_weights`) and the batch's constant divisor (`denominator`), so micro-batches and
-  data-parallel ranks add up to the same loss as one pass over the whole batch;
-- what it needs from the trainer: `needs_reference` (reference log-probs, computed once per
-  batch before its micro-batches), `wants_more` (dynamic sampling: the step body samples more
-  prompts while the batch is short), `needs_values` (a value head: the trainer keeps one
-  beside the policy, computes values once per batch before the update, passes them to the
-  algorithm's `value_advantages` and adds vf_coef x its `value_loss`; algorithms/ppo.py,
-  trainer/value_head.py);
-- what it refuses (`check(cfg)`, called when the config is built: a ValueError naming the
-  fix).
-
-Shared by every algorithm (the trainer applies them): the KL to the reference as a loss term
-(k1/k2/k3, `kl_estimator`), the entropy bonus (`entropy_coef`), the importance correction
-between the engine's and the trainer's log-probs (algorithms/importance.py), multiplying the
-policy-gradient term.
-
-`Knobs` holds the resolved `algorithm` section: a key the user left at None takes the
-algorithm's `DEFAULTS`, then the seam's (`BASE_DEFAULTS`).
-
-Not covered: a separate critic model (PPO's value is a linear head on the policy's trunk,
-algorithms/ppo.py), several optimizer epochs over a batch (the trainer takes one step per
-batch, so the "old" policy is the trainer's own detached log-probs and every ratio is 1 in
-value, so clip ranges, PPO's value clip included, never bind in training today: `clip_frac`
-is 0; the engine/trainer gap is the importance correction's), per-token
-advantages across data-parallel ranks (refused).
+An algorithm is one class (one file) plus one line in algorithms/registry.py. It supplies the
+batch (`build_batch`: reward shaping, group or batch advantages, groups without signal dropped,
+overlong filtering), per-token advantages that need the trainer's pass (`token_advantages`),
+the per-token loss with its weights and constant divisor (`token_loss`, `token_weights`,
+`denominator`: micro-batches and ranks add up to one pass over the batch), what it needs
+(`needs_reference`, `wants_more`, `needs_values`, `needs_teacher`) and what it refuses (`check`).
+The trainer applies the shared parts: KL to the reference, entropy bonus, importance correction.
+`Knobs` resolves the `algorithm` section: None takes `DEFAULTS`, then `BASE_DEFAULTS`.
+Not covered: a separate critic model, several optimizer epochs per batch (the ratio is 1 in
+value, so clip ranges never bind in training), per-token advantages across data-parallel ranks.
 """
 
 from __future__ import annotations
@@ -80,11 +56,6 @@ class Algorithm:
     needs_values = False  # a value head (algorithms/ppo.py)
     needs_teacher = False  # teacher log-probs per token (trainer/teacher.py)
 
-    @classmethod
-    def check(cls, cfg) -> None:
-        """Refuse a config this algorithm cannot run (ValueError naming the fix)."""
-        return None
-
     def __init__(self, knobs: Knobs | None = None, options: BaseModel | None = None):
         self.knobs = knobs or self.resolve()
         self.options = options if options is not None else self.Options()
@@ -108,10 +79,6 @@ class Algorithm:
     def from_section(cls, section, max_new_tokens: int) -> Algorithm:
         """From the `algorithm` section and rollout.max_new_tokens (the overlong rules)."""
         return cls(cls.resolve(section, max_new_tokens), cls.Options(**(section.model_extra or {})))
-
-    @classmethod
-    def from_config(cls, cfg) -> Algorithm:
-        return cls.from_section(cfg.algorithm, cfg.rollout.max_new_tokens)
 
     def metrics(self, batch: Batch) -> dict[str, float]:
         """Figures of this algorithm about a built batch, added to the step's record."""

@@ -1,24 +1,13 @@
 """On-policy distillation, the algorithm side: a teacher's per-token log-probs as the advantage.
 
-The student (the policy) samples as in RL; the trainer asks the teacher (trainer/teacher.py)
-for the log-prob of every sampled token under softmax(logits / T) at the rollout temperature T
-(T = 0: softmax(logits)), once per batch, and hands them here. Each policy token t gets
-
-    A_t = coef * (log p_teacher(y_t) - log p_student(y_t)) + reward_coef * A_group,
-
-the negated per-token reverse-KL estimate (k1 of KL(student || teacher) on the student's own
-sample), optionally mixed with the task's group-relative advantage (the wrapped algorithm's
-group advantage, e.g. GRPO's centred rewards). The loss is the policy gradient
--A_t * log p_student(y_t) (A_t held constant), summed over policy tokens and divided by their
-count; minimising it lowers KL(student || teacher) on the student's distribution (Agarwal et
-al. 2024; Lu & Thinking Machines 2025). `kl` in events.jsonl is the mean of log p_student -
-log p_teacher over policy tokens.
-
-`distilling(cls, coef, reward_coef)` (algorithms/registry.py `build`, with distill.teacher set)
-is the run's algorithm class with that step: it declares `needs_teacher`, keeps every group
-(`keeping_all_groups`: groups whose rewards are all equal still carry the teacher's signal),
-and takes no KL-to-reference, entropy or clipped-ratio term. Not covered (refused by the
-config): PPO's value head, LoRA students, data-parallel ranks, async mode.
+The student samples as in RL; the trainer asks the teacher (trainer/teacher.py) for the log-prob
+of each sampled token at the rollout temperature, once per batch. Each policy token gets
+A_t = coef (log p_teacher - log p_student) + reward_coef A_group: the negated k1 estimate of
+KL(student || teacher), optionally mixed with the wrapped algorithm's group advantage; the loss
+is the plain policy gradient, token-level averaged (Agarwal et al. 2024; Lu & Thinking Machines
+2025). `distilling` gives the run's algorithm class this step: it keeps every group and takes
+no KL-to-reference, entropy or clip term; `kl` is then the mean of log p_student - log p_teacher.
+Not covered (refused by the config): PPO's value head, LoRA students, data-parallel, async mode.
 """
 
 from __future__ import annotations

@@ -3,15 +3,12 @@
 Paper: Zheng et al. 2025, "Group Sequence Policy Optimization" (arXiv:2507.18071).
 Config: `algorithm.name = "gspo"` (clip_low 3e-4, clip_high 4e-4: the paper's values).
 
-s_i = exp(mean over the sample's policy tokens of (log pi - log pi_old)); the GSPO-token form
-is used, s_i,t = sg[s_i] x pi_t / sg[pi_t] (equal to s_i in value, and its gradient is s_i x
-grad log pi_t), so the loss of sample i is the mean over its tokens of
--min(s_i,t A_i, clip(s_i,t, 1 - low, 1 + high) A_i), and the batch's loss the mean over its
-samples. Advantages: GRPO's group-relative ones.
+s_i = exp(mean over the sample's policy tokens of (log pi - log pi_old)), in the GSPO-token
+form s_i,t = sg[s_i] x pi_t / sg[pi_t]; a sample's loss is the mean over its tokens of
+-min(s_i,t A_i, clip(s_i,t, 1 - low, 1 + high) A_i), the batch's the mean over its samples.
 
-Departures: std normalisation off by default (the paper normalises; set normalize_std);
-one optimizer step per batch, so s_i is 1 in value unless the importance correction or
-later epochs move it.
+Departures: std normalisation off by default (the paper normalises; set normalize_std); one
+optimizer step per batch, so s_i is 1 in value unless the importance correction moves it.
 """
 
 from __future__ import annotations

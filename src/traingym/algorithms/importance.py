@@ -1,34 +1,15 @@
 """Importance-sampling correction between the engine that sampled and the trainer that learns,
-and the measure of how far apart the two are (the train/inference mismatch).
+and the measure of their gap (the train/inference mismatch).
 
-A sample's tokens were drawn by the engine, whose log-probs can differ from the trainer's on
-the same tokens: in asynchronous mode the sample comes from an older policy, and in any mode
-the engine's numerics differ (bf16 weights, fused kernels, another library such as vLLM). The
-policy gradient then needs the weight w = pi_trainer(token) / pi_engine(token), computed from
-the trainer's recomputed log-probs (detached: the weight carries no gradient) and the log-probs
-the engine recorded. Large weights explode the variance, so they are bounded (Yao et al. 2025,
-"Your efficient RL framework secretly brings you off-policy RL training"; verl's rollout_is
-options):
-
-- tis (truncated): w -> min(w, cap).
-- mis (masked): w -> w if w <= cap else 0 (the token, or the whole sequence, drops out).
-- token level: one weight per policy token.
-- sequence level: one weight per sample, exp(sum over its policy tokens of the log ratio),
-  shared by all of its tokens (computed in log space, so no overflow before the cap).
-
-The run's choice is `algorithm.is_correction` / `is_level` / `is_cap` (config.py), resolved by
-`ImportanceSpec.from_config`: 'auto' is tis in async mode and none in sync mode.
-
-Mismatch (`mismatch_sums`), measured on every step whatever the correction: with d = log
-pi_trainer - log pi_engine per policy token, the mean |d| (`mismatch_abs_logp`) and the mean
-k3 = (r - 1) - log r = expm1(d) - d with r = exp(d) (`mismatch_kl_k3`). The tokens were sampled
-from the engine, so the mean of k3 is an unbiased, non-negative estimate of KL(engine ||
-trainer) (Schulman, "Approximating KL divergence", 2020); both are 0 exactly when the log-probs
-are equal. Computed in float64.
-
-Not covered: a lower bound for mis (weights near 0 are kept), geometric-mean sequence weights,
-weights on the KL term (the weight multiplies the policy-gradient term only); the mismatch of
-tokens the engine would have sampled but did not (only sampled tokens are compared).
+The engine's log-probs differ from the trainer's (an older policy in async mode, other numerics
+in any mode), so the policy-gradient term is weighted by w = pi_trainer / pi_engine (detached),
+bounded (Yao et al. 2025; verl's rollout_is): tis truncates w at the cap, mis zeroes it above;
+per token or per sequence (the summed log ratio, in log space). Config: `algorithm.is_correction`
+/ `is_level` / `is_cap` (algorithms/config.py); 'auto' is tis in async mode, none in sync. The
+mismatch, measured on every step in float64, is the mean |d| and mean k3 = expm1(d) - d, d = log
+pi_trainer - log pi_engine: k3 estimates KL(engine || trainer) without bias (Schulman 2020).
+Not covered: a lower bound for mis, geometric-mean sequence weights, weights on the KL term,
+the mismatch of tokens the engine did not sample.
 """
 
 from __future__ import annotations
@@ -48,14 +29,13 @@ class ImportanceSpec:
     cap: float = 2.0
 
     @classmethod
-    def from_config(cls, cfg) -> ImportanceSpec:
-        """From a run's Config: algorithm.is_correction 'auto' is tis with mode='async' (the
+    def from_section(cls, algorithm, run_mode: str) -> ImportanceSpec:
+        """From the `algorithm` section: is_correction 'auto' is tis with mode='async' (the
         samples are off-policy) and none with mode='sync'."""
-        t = cfg.algorithm
-        mode = t.is_correction
+        mode = algorithm.is_correction
         if mode == "auto":
-            mode = "tis" if cfg.mode == "async" else "none"
-        return cls(mode, t.is_level, t.is_cap)
+            mode = "tis" if run_mode == "async" else "none"
+        return cls(mode, algorithm.is_level, algorithm.is_cap)
 
 
 def log_ratios(trainer_logp_B_T: torch.Tensor, engine_logp_B_T: torch.Tensor,

@@ -1,36 +1,15 @@
 """PPO with a value head and GAE: per-token advantages from a learned value, as in RLHF PPO.
 
-Papers: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (arXiv:1707.06347);
-GAE: Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage
-Estimation" (arXiv:1506.02438); for language models Ouyang et al. 2022 (InstructGPT) and
-Stiennon et al. 2020. Config: `algorithm.name = "ppo"`, knobs `gamma`, `lam`, `vf_coef`,
-`value_clip`, `whiten_advantages`, `value_lr_scale` (algorithms/config.py).
+Papers: Schulman et al. 2017 (arXiv:1707.06347); GAE: Schulman et al. 2016 (arXiv:1506.02438);
+InstructGPT (Ouyang et al. 2022). Config: `algorithm.name = "ppo"`; knobs in `Options`, defaults
+as TRL's legacy PPOTrainer. GAE runs over each sample's policy tokens (environment turns are
+skipped), the reward at the last one; V_old comes from one no-grad pass before the update
+(trainer/value_head.py); advantages are whitened over the batch.
 
-Per sample, over its policy tokens t = 0..n-1 (environment tokens of a multi-turn sample are
-skipped: the policy tokens, in order, are the sequence GAE runs over, so an environment turn
-is neither a step nor a discount): the token reward is the sample's (shaped) reward at its
-last policy token, minus kl_coef x KL_t on every policy token when `kl_in = "reward"`;
-delta_t = r_t + gamma V_{t+1} - V_t (V_n = 0), A_t = delta_t + gamma lam A_{t+1};
-returns R_t = A_t + V_t. V_t is the value head's output at the state before token t, computed
-once per batch by a no-grad pass of the policy before the update (trainer/value_head.py),
-like the reference log-probs. Advantages are whitened over every policy token of the batch
-(`whiten_advantages`, population std) after the returns are taken. Loss per policy token:
-PPO's clipped surrogate plus vf_coef x 0.5 max((V - R)^2, (V_clip - R)^2), V_clip = V_old +
-clip(V - V_old, -value_clip, value_clip) (value_clip 0: plain 0.5 (V - R)^2), token-level
-averaging over the batch. Groups are not needed (none are dropped; group_size may be > 1).
-
-Defaults as TRL's PPO (legacy PPOTrainer with AutoModelForCausalLMWithValueHead: gamma 1,
-lam 0.95, cliprange 0.2, cliprange_value 0.2, vf_coef 0.1, advantages whitened).
-
-Departures: the value is a linear head (hidden -> 1, zero-initialised, so V = 0 at first)
-on the policy's last hidden state, a shared trunk trained by the value loss too (as TRL's
-value-head model), not a separate critic model as in InstructGPT, OpenRLHF and verl; it is
-trained by the policy's optimizer (its learning rate times `value_lr_scale`), not a critic
-optimizer of its own. One optimizer step per batch (no PPO epochs or minibatches: the
-trainer takes one), so in training the ratio is 1 and V = V_old in value and neither clip
-binds (`clip_frac` and `value_clip_frac` are 0); both are tested off-policy on hand values.
-No adaptive KL controller. Refused: trainer.data_parallel > 1 (GAE and whitening need the
-whole batch in one process), lora.rank > 0 and distill.teacher (not covered).
+Departures: the value is a zero-initialised linear head on the policy's last hidden state (a
+shared trunk, as TRL), not a separate critic, trained by the policy's optimizer
+(`value_lr_scale`); one optimizer step per batch, so neither clip binds in training; no adaptive
+KL controller. Refused: trainer.data_parallel > 1, lora.rank > 0, distill.teacher.
 """
 
 from __future__ import annotations
@@ -102,18 +81,6 @@ class PPO(Algorithm):
                                       "trainer.lr times this")
     drop_equal_groups = False  # the value is the baseline: groups carry no special meaning
     needs_values = True
-
-    @classmethod
-    def check(cls, cfg) -> None:
-        if cfg.trainer.data_parallel > 1:
-            raise ValueError("algorithm.name='ppo' computes GAE and whitens advantages over "
-                             "the whole batch in one process: set trainer.data_parallel = 1")
-        if cfg.lora.rank > 0:
-            raise ValueError("algorithm.name='ppo' with lora.rank > 0 is not covered (the "
-                             "value head trains beside the full model): set lora.rank = 0")
-        if cfg.distill.teacher is not None:
-            raise ValueError("algorithm.name='ppo' with distill.teacher is not covered: "
-                             "distillation has its own step; drop one of them")
 
     @property
     def token_level(self) -> bool:

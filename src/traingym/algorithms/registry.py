@@ -35,13 +35,3 @@ ALGORITHMS = Registry("algorithm.name", {
 
 names = ALGORITHMS.names
 get = ALGORITHMS.get  # the algorithm class for a registry name or a 'module:Class' path
-
-
-def build(cfg):
-    """The run's algorithm, its knobs resolved from `cfg.algorithm` and rollout.max_new_tokens."""
-    cls = get(cfg.algorithm.name)
-    if cfg.distill.teacher is not None:  # the teacher scores every group (algorithms/distill.py)
-        from traingym.algorithms.distill import distilling  # heavy: torch
-
-        cls = distilling(cls, cfg.distill.coef, cfg.distill.reward_coef)
-    return cls.from_config(cfg)

@@ -2,18 +2,14 @@
 
 Paper: Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language
 Models" (arXiv:2501.03262). Config: `algorithm.name = "reinforce_pp"`; the paper's KL penalty
-is `algorithm.kl_coef > 0` with `kl_in = "reward"` (estimator `kl_estimator`, the paper's k1).
+is `algorithm.kl_coef > 0` with `kl_in = "reward"`.
 
-Per token: the return is r_i (the sample's reward, at its last token; gamma 1) minus
-kl_coef x the KL's return-to-go from this token; the advantage is that return normalised by
-the mean and std over every policy token of the batch (no per-prompt baseline: groups with
-equal rewards are kept). Without the KL in the reward the return is the same for all tokens
-of a sample, and the normalisation is the same token-weighted one, done when the batch is
-built. Loss: PPO's clipped surrogate, token-level averaging.
+Per token: the return is the sample's reward minus kl_coef x the KL's return-to-go, normalised
+by the mean and std over every policy token of the batch (no per-prompt baseline: groups with
+equal rewards are kept). Loss: PPO's clipped surrogate, token-level averaging.
 
-Departures: KL as a reward penalty needs the whole batch in one process (refused with
-trainer.data_parallel > 1); the "REINFORCE++-baseline" variant (group mean subtracted first)
-is not provided.
+Departures: KL as a reward penalty is refused with trainer.data_parallel > 1; the
+"REINFORCE++-baseline" variant (group mean subtracted first) is not provided.
 """
 
 from __future__ import annotations

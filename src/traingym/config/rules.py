@@ -80,7 +80,19 @@ def _importance_on(cfg) -> None:
     
 
 def _algorithm_can_run(cfg) -> None:
-    algorithms.get(cfg.algorithm.name).check(cfg)  # algorithms/base.py: a ValueError
+    """What an algorithm declares it needs (algorithms/base.py), against the run's shape."""
+    algo = algorithms.get(cfg.algorithm.name)
+    name = cfg.algorithm.name
+    if algo.needs_values:  # a value head beside the full model; GAE over the whole batch
+        if cfg.trainer.data_parallel > 1:
+            raise ValueError(f"algorithm.name={name!r} computes GAE and whitens advantages over "
+                             "the whole batch in one process: set trainer.data_parallel = 1")
+        if cfg.lora.rank > 0:
+            raise ValueError(f"algorithm.name={name!r} with lora.rank > 0 is not covered (the "
+                             "value head trains beside the full model): set lora.rank = 0")
+        if cfg.distill.teacher is not None:
+            raise ValueError(f"algorithm.name={name!r} with distill.teacher is not covered: "
+                             "distillation has its own step; drop one of them")
     
 
 

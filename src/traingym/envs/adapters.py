@@ -25,8 +25,8 @@ class Abilities:
     """The maker brings its own rows, `maker.rows(num_heldout) -> (train, held-out)`, used
     when task.dataset is not given."""
     checks_config: bool = False
-    """`maker.check(cfg)` raises ValueError when the env cannot run under the run's config
-    (verifiers: its turn limit against rollout.max_turns)."""
+    """`maker.check(rollout)` raises ValueError when the env cannot run under the run's
+    `rollout` section (verifiers: its turn limit against rollout.max_turns)."""
 
 
 @dataclass(frozen=True)

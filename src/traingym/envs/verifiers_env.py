@@ -1,39 +1,14 @@
-"""verifiers environments (the `verifiers` package's classic API, `import verifiers as vf`:
-versions 0.2 and 0.3) as traingym envs, for training and evaluation.
+"""`verifiers` environments (classic API, versions 0.2 and 0.3) as traingym envs.
 
-Config: `task.env = "verifiers:<env_id>"` with `task.env_args` passed to
-`vf.load_environment(env_id, **env_args)` (an installed environment package, or any importable
-module with a `load_environment`); from Python, `VerifiersMaker(env=<vf.Environment>)`.
-Without task.dataset the rows are the environment's own: its dataset to train on, its
-eval_dataset held out (an environment without one: the last eval.num_prompts rows of its
-dataset are held out and not trained on). Each row is the verifiers row (prompt messages,
-answer, info, task, example_id).
-
-How an episode runs: verifiers' own rollout loop (`env.rollout`) runs as a task, with a
-verifiers `Client` that hands each model call to traingym instead of an API: the prompt
-messages it asks about are rendered with the policy's chat template (and task.prefill) and
-become the observation; the policy's turn goes back to verifiers as the assistant message
-(tool calls parsed from `<tool_call>{...}</tool_call>` blocks, envs/tools.py HermesParser, when
-the environment has tools); what verifiers says next (env_response: user or tool messages)
-is appended to the token context as environment tokens (envs/multi_turn.py). So single-turn,
-multi-turn and tool environments run with their own stop conditions, env_response, tools and
-state. When verifiers' loop ends, its rubric scores the final state: the sum of weight x
-reward function over the rubric (and every rubric of a RubricGroup), each called with the
-arguments verifiers would give it (`Rubric.score_objects`: prompt, completion, answer, state,
-info, parser, ...). Unlike verifiers' own scoring, a reward function that raises or returns a
-non-number stops the run naming the function and the row (verifiers logs it and scores 0).
-The per-function rewards, the stop condition and the turn count go to env_info
-({'verifiers': {...}}, samples.jsonl).
-
-Not covered: verifiers 0.4 (its v1 API only: refused with the fix); group reward functions
-(plural arguments: `completions`, `states`...) and advantage rubrics (refused at load);
-weight-0 metrics (not computed); environments that need a sandbox, a hub dataset or an API
-at load time unless those are reachable; malformed tool calls (a turn whose every tool call
-fails to parse counts as a turn without a tool call); an episode cut by traingym's
-rollout.max_context_tokens before verifiers' loop ends gets no rubric score (reward 0,
-finish_reason 'max_context'; its verifiers task is cancelled when the episode is discarded).
-An environment whose max_turns is unlimited (-1) or above rollout.max_turns is refused at
-load (check_turns), since traingym would cut its episodes before the rubric scores them.
+`task.env = "verifiers:<env_id>"` calls `vf.load_environment(env_id, **task.env_args)`; without
+task.dataset the rows are the environment's own (its eval_dataset, or the last
+eval.num_prompts rows, held out). verifiers' own rollout loop runs with a `Client` that hands
+each model call to traingym, so its stop conditions, env_response, tools and state apply; its
+rubric scores the final state, and a reward function that raises or returns a non-number stops
+the run (verifiers would score 0). Per-function rewards go to env_info.
+Not covered: verifiers 0.4 (refused), group reward functions and advantage rubrics (refused),
+weight-0 metrics, malformed tool calls; an episode cut by rollout.max_context_tokens gets no
+rubric score, so a max_turns above rollout.max_turns is refused at load (check_turns).
 """
 
 from __future__ import annotations
@@ -421,9 +396,9 @@ class VerifiersMaker:
         """(training rows, held-out rows) from the environment's datasets."""
         return env_rows(self.environment(), num_heldout)
 
-    def check(self, cfg) -> None:
+    def check(self, rollout) -> None:
         """ValueError when the environment's turn limit exceeds rollout.max_turns."""
-        check_turns(self.environment(), self.name, cfg.rollout.max_turns)
+        check_turns(self.environment(), self.name, rollout.max_turns)
 
     def __call__(self, example: dict[str, Any], renderer: PromptRenderer) -> VerifiersEnv:
         return VerifiersEnv(example, renderer, self.environment(), self.name)

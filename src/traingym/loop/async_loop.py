@@ -1,64 +1,21 @@
-"""The RL loop, asynchronous and disaggregated: engines in other processes keep sampling while
-the trainer trains; a bound on staleness decides what may be trained on.
+"""The asynchronous RL loop: engines in other processes keep sampling while the trainer trains.
 
-Versions: the trainer's weights at step s are version s; after the step it publishes s + 1.
-A group's staleness at step s is s minus the oldest policy version among its tokens (sync
-mode: always 0). A group with staleness > `async.max_staleness` is never trained on: it is
-dropped and counted, and its prompt is sampled again (`async.recycle`) or skipped.
-
-Admission keeps drops rare instead of merely counting them: a prompt is dispatched only while
-(dispatched - dropped) <= (steps done + max_staleness + 1) x prompts_per_step, and while fewer
-than `async.queue_size` groups are out (dispatched, not yet consumed). With groups consumed
-in dispatch order and engines holding the latest weights when they start a prompt, this
-bounds staleness by max_staleness; out-of-order arrival (slow environments) and engines a
-publish behind still produce drops, which the bound then enforces.
-
-Every prompt of the training stream is trained on at most once: each is out at most once at
-a time, a result is accepted only from the engine that holds it (cluster/local.py), and a
-dropped one is either dispatched again or counted as skipped. Step records add
-`prompt_indices` (trained this step), `async_dropped_indices`, staleness and queue figures,
-and the trainer's idle time (`seconds_rollout`: the wait for groups; `trainer_idle_frac`).
-The last record lists `async_unfinished` (prompts still out or waiting to be redone) and
-`async_final_weights`: every engine's weights checked against the last published hash.
-
-    traingym train --preset tiny --set mode=async --set weights.transport=tcp
-
-Engines start under multiprocessing spawn, which re-imports the calling script: a script that
-starts an async run needs an `if __name__ == "__main__":` guard, and its reward, env and
-group hook must be picklable (module-level).
-
-The in-process engine build_run makes (evaluation before and after training) is not used
-for rollouts here; it gets the final weights through the run's colocated sync at the end.
-
-Resume: a checkpoint of an async run also holds the ledger (`async_feed`): the prompts out
-at the engines or waiting to be redone when it was written, and the drop counts. A resumed run
-(`--resume`, after the trainer was killed, say) restores the trainer from the checkpoint,
-starts fresh engines on the checkpoint's weights, and dispatches those prompts first, then
-goes on with the stream where the checkpoint left it; steps trained after the checkpoint are
-lost with the process and redone. So over the run's recorded steps every prompt is trained on
-at most once and none is lost, as without the kill.
-
-`async.inflight_updates` lets engines take new weights between decode steps as well: a
-completion's tokens then carry the versions that sampled them, and its staleness is that of
-its oldest token.
-
-SIGTERM stops an async run as a sync one (preempt.py): after the step's record, a checkpoint
-with the ledger, engines closed; `--resume` then goes on as above (none lost, none twice).
-
-The step itself (batch through the run's algorithm, train, publish, checkpoint, record) is
-step.py's, shared with the sync loop; DAPO's dynamic sampling asks `_take_fresh` for more
-groups, and the admission limit grows by as many (`Feed.extra`).
-
-Not covered: reproducibility (what arrives when
-depends on timing, so async runs, resumed or not, are not bitwise repeatable). `cluster.type='ray'` puts the engines on a Ray cluster (cluster/ray.py); the
-trainer stays in this process.
+The weights at step s are version s; a group's staleness is s minus the oldest version among its
+tokens. A group staler than `async.max_staleness` is dropped and its prompt redone
+(`async.recycle`) or skipped. Admission keeps drops rare: a prompt goes out only while
+(dispatched - dropped) <= (steps done + max_staleness + 1) x prompts_per_step and fewer than
+`async.queue_size` groups are out. Each prompt is trained on at most once and none is lost on
+resume: checkpoints keep the ledger (`async_feed`) of prompts out or to redo, which a resumed
+run dispatches first. The step is loop/step.py's, shared with the sync loop. Engines start
+under spawn: the calling script needs a `__main__` guard and module-level hooks.
+Not covered: reproducibility (what arrives when depends on timing); with `cluster.type='ray'`
+only the engines go to Ray (cluster/ray.py), the trainer stays in this process.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from traingym.algorithms import registry
 from traingym.cluster.engine_process import Job
 from traingym.cluster.local import EnginesSetup, LocalEngines
 from traingym.config.engines import engine_context
@@ -66,6 +23,7 @@ from traingym.core.errors import ConfigError
 from traingym.core.types import Group
 from traingym.envs.runner import stream_seed
 from traingym.loop.step import run_step
+from traingym.loop.trainer import build_algorithm
 
 
 def oldest_version(group: Group) -> int:
@@ -171,7 +129,7 @@ def async_train_loop(run, start_step: int) -> dict:
         engines = LocalEngines(setup, start_step)
     metrics: dict = {}
     try:
-        algorithm = registry.build(cfg)
+        algorithm = build_algorithm(cfg)
         for step in range(start_step, cfg.steps):
             taken = []
 

@@ -140,7 +140,7 @@ class Run:
     t_start: float = field(default_factory=time.monotonic)
     resumed: dict = field(default_factory=dict)  # the loop state of the checkpoint resumed
     lock: runlock.RunLock | None = None  # the run directory's; api.train releases it last
-    preemption: Preemption | None = None  # SIGTERM's request to stop (preempt.py), set by train
+    preemption: Preemption | None = None  # SIGTERM's stop request (runs/preempt.py), set by train
     resources: RunResources = field(default_factory=RunResources)  # envs' pools (envs/resources.py)
     util: StepUtilisation | None = None  # per-step utilisation keys from the trace (trace on)
 
@@ -176,7 +176,8 @@ class Run:
 
     def stop_if_preempted(self, step: int, saved: bool, loop_state: dict | None = None) -> None:
         """At the end of `step` (its record written): if SIGTERM came, commit a checkpoint of
-        the step (unless `saved`, it was just written) and raise RunPreempted (preempt.py)."""
+        the step (unless `saved`, it was just written) and raise RunPreempted (runs/preempt.py).
+        """
         if self.preemption is None or self.preemption.requested is None:
             return
         if step + 1 == self.cfg.steps:  # the last step: the run ends as it would anyway
@@ -246,11 +247,11 @@ def build_run(cfg: Config, run_dir: Path, resume: bool, dataset=None, eval_datas
 
 
 def take_run_dir(run_dir: Path, cfg: Config, resume: bool) -> runlock.RunLock:
-    """prepare_run_dir under the run directory's lock (runlock.py): one process at a time reads
-    and writes a run directory. A path that is not a folder yet is checked and created by
-    prepare_run_dir first (its errors, nothing locked, nothing written); the check is redone
-    and config.json written only under the lock, so of two runs that make the same new folder
-    at the same moment, the second is refused (the folder is in use, or holds a run)."""
+    """prepare_run_dir under the run directory's lock (runs/lock.py): one process at a time reads
+    and writes a run directory. A new path is checked and created by prepare_run_dir first
+    (nothing locked, nothing written); the check is redone and config.json written only under the
+    lock, so of two runs that make the same new folder at once, the second is refused.
+    """
     if not run_dir.is_dir():
         prepare_run_dir(run_dir, cfg, resume, write=False)
     lock = runlock.acquire(run_dir)
@@ -274,7 +275,7 @@ def _assemble(cfg: Config, run_dir: Path, resume: bool, inputs: Inputs,
     if cfg.lora.rank > 0:  # lora.sync='adapter': the engine merges adapters (trainer/lora.py)
         from traingym.trainer.lora import wrap_engine  # heavy: transformers
 
-        engine = wrap_engine(cfg, engine)
+        engine = wrap_engine(cfg.lora, engine)
     with ExitStack() as undo:
         undo.callback(engine.close)
         trainer = build_trainer(cfg, model, tok.pad_token_id)  # loop/trainer.py

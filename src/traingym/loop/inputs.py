@@ -51,7 +51,8 @@ class Inputs:
     group_reward: Callable | None = None
 
 
-def resolve_env(cfg: Config, env=None, group_reward=None) -> tuple[Callable | None, Callable | None]:
+def resolve_env(cfg: Config, env=None,
+                group_reward=None) -> tuple[Callable | None, Callable | None]:
     """The env maker and group hook: arguments first, then config specs (an env adapter's
     prefix, envs/adapters.py, else 'module:function')."""
     t = cfg.task
@@ -66,7 +67,7 @@ def resolve_env(cfg: Config, env=None, group_reward=None) -> tuple[Callable | No
     adapter = adapters.of(env)
     if adapter is not None and adapter.abilities.checks_config:
         try:
-            env.check(cfg)
+            env.check(cfg.rollout)
         except ValueError as e:
             raise ConfigError(str(e)) from None
     return env, group

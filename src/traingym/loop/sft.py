@@ -1,16 +1,13 @@
 """The SFT warm start as a phase of the run, before its RL steps (the step itself, on a model
 and rows, is trainer/sft.py's).
 
-The phase runs `sft.steps` optimizer steps (or `sft.epochs` passes) of `sft.batch_size`
-conversations, in a seeded order, with the trainer's model and optimizer (AdamW, its learning
-rate set to `sft.lr` for the phase and restored after; its moment estimates carry over into
-RL), logging `{"phase": "sft", "step": 0, "sft_step": k, ...}` records to events.jsonl.
-Checkpoints of the phase are ordinary checkpoints at step 0 whose state holds `phase: "sft"`
-and `sft_step`, so `--resume` continues the phase where it stopped and a checkpoint of an RL
-step (which follows the phase) skips it. At the end of the phase the weight sync is restarted
-(a new anchor, version 0) so the engine serves the SFT weights before the first RL step, and
-the held-out set is evaluated (`eval_after_sft.json`) when the run has one. Not covered: SFT
-in async mode or with data-parallel ranks.
+`sft.steps` optimizer steps (or `sft.epochs` passes) of `sft.batch_size` conversations, in a
+seeded order, with the trainer's model and AdamW (lr `sft.lr` for the phase; its moments carry
+over into RL), logged as `{"phase": "sft", "sft_step": k, ...}` records. Its checkpoints are
+step-0 checkpoints holding `phase: "sft"`, so `--resume` continues the phase. At its end the
+weight sync restarts at version 0, so the engine serves the SFT weights before the first RL
+step, and the held-out set is evaluated (`eval_after_sft.json`) when the run has one.
+Not covered: SFT in async mode or with data-parallel ranks.
 """
 
 from __future__ import annotations

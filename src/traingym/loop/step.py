@@ -1,18 +1,13 @@
-"""One training step, shared by the sync loop (sync.py) and the async loop (async_loop.py):
-groups -> batch (the run's algorithm) -> train -> publish -> checkpoint -> metrics -> log.
+"""One training step, shared by loop/sync.py and loop/async_loop.py: groups -> batch (the run's
+algorithm) -> train -> publish -> checkpoint -> metrics -> log.
 
-The loops differ only in where groups come from and where weights go, passed in as
-functions: `take(n)` returns n more scored groups and a dict of the loop's own figures for
-them; `publish(state, version)` returns the sync figures to merge into the record (or None:
-the run's colocated sync figures are used). `loop_state()` is what a checkpoint keeps beside
-the data position (async: the ledger); `extend(metrics, seconds)` adds the loop's own keys to
-the record before it is written.
-
-Dynamic sampling (DAPO, `algorithm.dynamic_sampling`): while the batch holds fewer than
-rollout.prompts_per_step groups with signal, `take` is asked for as many more as are missing,
-for at most `algorithm.max_sample_rounds` rounds; the batch is built again over every group
-sampled this step and cut to prompts_per_step kept groups (those past the cut are dropped
-and counted). The record's `groups` counts every group sampled, `sample_rounds` the rounds.
+The loops differ only in where groups come from and where weights go, passed in as functions:
+`take(n)` returns n more scored groups and the loop's figures for them; `publish(state,
+version)` returns the sync figures (None: the run's colocated sync's); `loop_state()` is what a
+checkpoint keeps beside the data position; `extend(metrics, seconds)` adds the loop's keys.
+Dynamic sampling (DAPO): while fewer than rollout.prompts_per_step groups have signal, `take`
+is asked for the missing ones, for at most `algorithm.max_sample_rounds` rounds; the batch is
+rebuilt over every group sampled and cut to prompts_per_step kept groups.
 """
 
 from __future__ import annotations
@@ -20,9 +15,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from traingym.algorithms import registry
 from traingym.core import trace
 from traingym.core.types import Batch, Group
+from traingym.loop.trainer import build_algorithm
 
 
 def fill_batch(algorithm, take: Callable, per_step: int) -> tuple[list[Group], Batch, dict, int]:
@@ -65,7 +60,7 @@ def run_step(run, step: int, take: Callable, publish: Callable, algorithm=None,
              extend: Callable | None = None) -> tuple[dict, bool]:
     """Train one step; returns (its record, whether a checkpoint was saved)."""
     cfg = run.cfg
-    algorithm = algorithm or registry.build(cfg)
+    algorithm = algorithm or build_algorithm(cfg)
     t0, start_us = time.monotonic(), trace.now_us()
     with trace.span("collect", cat="loop", step=step + 1):  # sync: rollouts; async: the wait
         groups, batch, info, rounds = fill_batch(algorithm, take, cfg.rollout.prompts_per_step)
@@ -97,6 +92,6 @@ def run_step(run, step: int, take: Callable, publish: Callable, algorithm=None,
     run.log.event(metrics)
     run.log.samples(step, groups)
     run.progress.update(step, metrics)
-    # SIGTERM: a checkpoint of this step (preempt.py), then stop
+    # SIGTERM: a checkpoint of this step (runs/preempt.py), then stop
     run.stop_if_preempted(step, saved, loop_state() if loop_state else None)
     return metrics, saved

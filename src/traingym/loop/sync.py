@@ -1,19 +1,19 @@
 """The RL loop, synchronous and colocated: sample, score, build the batch, train, sync weights.
 
 Reads as the algorithm; the step itself (batch, train, publish, checkpoint, metrics) is
-step.py's, shared with the async loop; everything else is a named helper in run.py.
+loop/step.py's, shared with the async loop; the run's parts are built in loop/build.py.
 """
 
 from __future__ import annotations
 
-from traingym.algorithms import registry
 from traingym.envs.runner import stream_seed
 from traingym.loop.step import run_step
+from traingym.loop.trainer import build_algorithm
 
 
 def train_loop(run, start_step: int) -> dict:
     cfg, metrics = run.cfg, {}
-    algorithm = registry.build(cfg)
+    algorithm = build_algorithm(cfg)
     for step in range(start_step, cfg.steps):
         rounds = []
 

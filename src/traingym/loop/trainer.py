@@ -13,15 +13,24 @@ importance correction.
 from __future__ import annotations
 
 from traingym.algorithms import registry
+from traingym.algorithms.distill import distilling
 from traingym.algorithms.importance import ImportanceSpec
 from traingym.config.schema import Config
 from traingym.trainer.teacher import build_teacher
 
 
-def build_trainer(cfg: Config, model, pad_token_id: int):
+def build_algorithm(cfg: Config):
+    """The run's algorithm from its section and rollout.max_new_tokens; with distill.teacher,
+    distilling (algorithms/distill.py: the teacher scores every group)."""
+    cls = registry.get(cfg.algorithm.name)
+    if cfg.distill.teacher is not None:
+        cls = distilling(cls, cfg.distill.coef, cfg.distill.reward_coef)
+    return cls.from_section(cfg.algorithm, cfg.rollout.max_new_tokens)
 
-    algorithm = registry.build(cfg)
-    importance = ImportanceSpec.from_config(cfg)
+
+def build_trainer(cfg: Config, model, pad_token_id: int):
+    algorithm = build_algorithm(cfg)
+    importance = ImportanceSpec.from_section(cfg.algorithm, cfg.mode)
     if cfg.trainer.data_parallel > 1:
         from traingym.trainer.distributed import DistributedTrainer  # heavy: transformers
 

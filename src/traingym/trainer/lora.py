@@ -1,30 +1,13 @@
 """LoRA adapters through `peft`: the trainer trains only the adapters; the engine gets either
 the merged weights or the adapters alone.
 
-`apply_lora` (models/lora.py, with the other model transforms) injects peft LoRA layers into the policy in place (`peft.inject_adapter_in_model`,
-rank / alpha / dropout / target modules from the `lora` section) and freezes every other
-parameter, so the trainer's AdamW (built over trainable parameters) holds adapter state only.
-The checkpoint (checkpoint.py, unchanged format) saves the model's whole state dict, frozen
-base included, and the optimizer, so resuming is exact; it is not an adapter-only file.
-
-What reaches the engine (`lora.sync`), through the run's weight sync (weights/colocated.py:
-publisher, codec, transport, subscriber, hash-verified):
-- 'merged': `LoraTrainer.export()` returns every tensor under the Hugging Face names the
-  engine serves, each adapted linear as W + (alpha / r) B A computed in float32 (then cast to
-  the engine dtype by the sync), so any engine that takes weights serves the merged model.
-- 'adapter': `export()` returns only `<module>.lora_A.weight` / `.lora_B.weight`;
-  `AdapterEngine` wraps the built-in torch engine, keeps a float32 copy of the base weights it
-  started from (and their hash), and after each verified update merges
-  W = base + (alpha / r) B A with the same arithmetic as the trainer, then hands the merged
-  tensors to the wrapped engine. The subscriber verifies the adapter tensors' hash; the base
-  copy's hash is checked before every merge; `state_hash()` is the wrapped engine's, over what
-  it serves. With a float32 engine the served bits equal the 'merged' path's
-  (tests/trainer/test_lora.py); with a bf16 engine the adapters travel in bf16, so the merge
-  differs from the merged path's by bf16 rounding of A and B.
-
-QLoRA is not offered: it needs bitsandbytes 4-bit kernels, which this project's CPU platform
-does not provide (bitsandbytes' 4-bit quantisation targets CUDA; on CPU it is not supported by
-the version range this project can install), so `lora` never quantises the base.
+`apply_lora` (models/lora.py) injects the adapters and freezes every other parameter, so AdamW
+holds adapter state only; checkpoints (runs/checkpoint.py) hold the whole state dict, so
+resuming is exact. `lora.sync` picks what the weight sync sends: 'merged', every tensor with
+each adapted linear as W + (alpha / r) B A in float32; or 'adapter', only the A and B tensors,
+which `AdapterEngine` merges into its float32 copy of the base (hash-checked) with the same
+arithmetic (the same bits as 'merged' on a float32 engine; bf16 rounding of A and B on bf16).
+QLoRA is not offered: bitsandbytes' 4-bit kernels target CUDA, not this CPU platform.
 Not covered: LoRA with data-parallel ranks, adapter-only sync to engine processes (async mode)
 or to other engines (vLLM's LoRA loading), embedding / lm_head adapters, DoRA, rsLoRA.
 """
@@ -107,8 +90,8 @@ class AdapterEngine:
         self.inner.close()
 
 
-def wrap_engine(cfg, engine):
+def wrap_engine(lora, engine):
     """The engine the run syncs to: wrapped by AdapterEngine under lora.sync='adapter'."""
-    if cfg.lora.rank > 0 and cfg.lora.sync == "adapter":
-        return AdapterEngine(engine, cfg.lora)
+    if lora.rank > 0 and lora.sync == "adapter":
+        return AdapterEngine(engine, lora)
     return engine
