@@ -64,7 +64,7 @@ def train(config: Config | dict | str | Path | None = None, *, dataset=None, eva
     else:
         cfg = build_config(file=config)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
-    with Preemption() as preemption:  # SIGTERM stops at a step boundary (preempt.py)
+    with Preemption() as preemption:  # SIGTERM stops at a step boundary (runs/preempt.py)
         run, start = build_run(cfg, run_dir, resume, dataset, eval_dataset, reward, progress,
                                env, group_reward)
         run.preemption = preemption

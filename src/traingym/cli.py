@@ -1,17 +1,14 @@
-"""Command line: `traingym train [CONFIG] [--preset P] [--set k=v ...] [--run-dir D] [--resume]`;
-`traingym eval | runs | export` (eval_cli.py), `traingym plan` (plan.py), `traingym serve`
-(serve/), `traingym dashboard` (dashboard/), `traingym report` (report.py).
+"""Command line: `traingym train [CONFIG] [--preset P] [--set k=v ...] [--run-dir D] [--resume]`,
+`traingym config`; `traingym eval | runs | export` (eval/cli.py), `traingym plan` (plan/cli.py),
+`traingym serve` (serve/), `traingym dashboard` (dashboard/), `traingym report`
+(dashboard/report.py). Imports stay light at module level so that `--help` answers fast.
 
-Imports stay light at module level so `traingym --help` answers in well under a second.
-
-Every error in what the user gave (arguments, config, files, rows, reward/env specs, model
-path, run directory) ends in one `traingym: ...` line on stderr and exit code 2, before any
-work starts; `main` maps those error types in one place. A run that fails on its own (a reward
-function raising mid-run) exits 1. SIGTERM stops a run at its next step with a checkpoint, one
-`traingym: stopped by SIGTERM after step N; resume with: ...` line and exit code 143
-(preempt.py). Other exceptions keep their traceback. Limit: the input-error types are caught
-around the whole run, so a FileNotFoundError or FileExistsError raised by a bug mid-run also
-ends as one line and exit 2.
+An error in what the user gave (arguments, config, files, rows, reward/env specs, model path,
+run directory) is one `traingym: ...` line on stderr and exit code 2, before any work starts
+(mapped in `main`); a run that fails on its own exits 1; SIGTERM stops at the next step with a
+checkpoint and exit code 143 (runs/preempt.py). Other exceptions keep their traceback.
+Limit: the input-error types are caught around the whole run, so a FileNotFoundError or
+FileExistsError raised by a bug mid-run also ends as one line and exit 2.
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ An algorithm is one class (one file) plus one line in algorithms/registry.py. It
 batch (`build_batch`: reward shaping, group or batch advantages, groups without signal dropped,
 overlong filtering), per-token advantages that need the trainer's pass (`token_advantages`),
 the per-token loss with its weights and constant divisor (`token_loss`, `token_weights`,
-`denominator`: micro-batches and ranks add up to one pass over the batch), what it needs
-(`needs_reference`, `wants_more`, `needs_values`, `needs_teacher`) and what it refuses (`check`).
-The trainer applies the shared parts: KL to the reference, entropy bonus, importance correction.
-`Knobs` resolves the `algorithm` section: None takes `DEFAULTS`, then `BASE_DEFAULTS`.
+`denominator`: micro-batches and ranks add up to one pass over the batch), and declares what it
+needs (`needs_reference`, `wants_more`, `needs_values`, `needs_teacher`; config/rules.py checks
+them against the run). The trainer applies the shared KL, entropy and importance terms. `Knobs`
+resolves the `algorithm` section: None takes `DEFAULTS`, then `BASE_DEFAULTS`.
 Not covered: a separate critic model, several optimizer epochs per batch (the ratio is 1 in
 value, so clip ranges never bind in training), per-token advantages across data-parallel ranks.
 """

@@ -2,10 +2,8 @@
 
 Paper: Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for
 Learning from Human Feedback in LLMs" (arXiv:2402.14740); Kool et al. 2019 for the estimator.
-Config: `algorithm.name = "rloo"`.
-
-A_i = r_i - mean_{j != i} r_j = G / (G - 1) x (r_i - mean_j r_j). A group of one sample (or
-with all rewards equal) has no baseline / no signal and is dropped and counted.
+Config: `algorithm.name = "rloo"`. A_i = r_i - mean_{j != i} r_j = G / (G - 1) x (r_i - mean_j
+r_j); a group of one sample (or with all rewards equal) has no signal and is dropped and counted.
 
 Departures: the loss is the PPO clipped surrogate with token-level averaging (as OpenRLHF and
 TRL run RLOO), not the paper's sequence-level REINFORCE; with one optimizer step per batch the

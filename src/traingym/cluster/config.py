@@ -10,8 +10,9 @@ from traingym.core.errors import Strict, did_you_mean  # noqa: F401
 
 
 class AsyncConfig(Strict):
-    """Disaggregated mode (`mode: async`, async_loop.py): engines in their own processes stream
-    scored groups to the trainer while it trains, within a bound on staleness."""
+    """Disaggregated mode (`mode: async`, loop/async_loop.py): engines in their own processes
+    stream scored groups to the trainer while it trains, within a bound on staleness.
+    """
 
     max_staleness: int = Field(1, ge=0, description="a group is trained on at step s only if "
                                "every policy token came from version >= s - max_staleness; "

@@ -1,39 +1,15 @@
-"""A rollout engine in its own process: build the model from the run's config, take weights
+"""A rollout engine in its own process: build the model from the EngineContext, take weights
 only through the weight-sync Subscriber (hash-verified), and turn prompts into scored groups.
 
-Runs under multiprocessing `spawn` (cluster/local.py starts it). What it does, in order:
-1. one torch thread; model and tokenizer built from the EngineContext exactly as the trainer builds
-   them, the engine built on them by `rollout.engine` (rollout/registry.py `build`, from the
-   run's EngineContext: any engine whose abilities say it crosses processes), the tokenizer's fingerprint reported so the trainer
-   can check that ids mean the same;
-2. a Subscriber over the run's transport (its receiver class comes in the spec, from
-   weights/registry.py); the engine serves nothing until it holds a verified version >= the
-   one it was started for. Where the transport reconnects (tcp) a lost or stalled link is
-   connected again (weights/sync.py); meanwhile the engine serves its last verified
-   version, and the staleness bound decides whether what it makes is trained on;
-3. a serve loop: take jobs (one prompt each) from its request queue, and start each once the
-   engine holds the weights that were newest when it was sent (the trainer publishes before
-   it dispatches, but the frame may arrive after the job), so a fresh prompt is never sampled
-   from weights already replaced; run each as its own asyncio task (G envs, all of the episode's turns), and batch the generation requests of all
-   live tasks into one engine call; slow environment steps overlap with generation and with
-   each other. Between engine calls it applies every verified update that has arrived, so
-   in-flight episodes are never dropped: a turn that started under version v is sampled under
-   v, and each token records the version that produced it;
-4. each scored group goes back on its result queue with the job's key;
-5. asked for a report at the end of a run, it waits for the final version and sends the
-   engine's `state_hash` (the built-in engine: of its model's own tensors, cast as the trainer
-   sends them).
-6. with `observability.trace` it records its phases (start, wait_weights, generate, env and
-   sandbox calls, weight decode/verify/apply) in its own trace shard under the run directory,
-   or, given no folder (a Ray actor on another node), sends them with each result
-   (observability/trace.py).
-It exits when told to (None on the request queue), when the trainer's process is gone, or
-with an ("error", traceback) message and a non-zero exit code when anything raises. Either way
-what its envs kept is closed first: the engine owns its run resources (envs/resources.py: its
-warm sandbox pools, or the sandbox workers' client on a Ray cluster).
-
-With `async.inflight_updates` (engines whose abilities allow it: the built-in one) it also
-applies them between decode steps of one engine call (rollout/torch_engine.py), so a long completion switches weights mid-way, token by token.
+Started under spawn by cluster/local.py (or in a Ray actor, cluster/ray.py). It reports its
+tokenizer's fingerprint, serves nothing until it holds a verified version >= the one it was
+started for, and starts each job (one prompt) only on weights at least as new as those published
+when the job was sent, so a fresh prompt is never sampled from replaced weights. Each job is an
+asyncio task; the generation requests of all live tasks go into one engine call. Between calls
+it applies every verified update, so a turn started under version v is sampled under v and each
+token records its version (`async.inflight_updates`: between decode steps too). It exits when
+told, when the trainer's process is gone, or with ("error", traceback) on any exception, closing
+its run resources (envs/resources.py) first.
 """
 
 from __future__ import annotations
@@ -93,7 +69,7 @@ class EngineSpec:
     group_reward: Callable | None
     sandboxes: Any = None  # a client of sandbox workers elsewhere (cluster/ray_sandboxes.py)
     role: str = "engine"  # its name in the trace ("engine-0")
-    trace: bool = False  # record spans (observability/trace.py) ...
+    trace: bool = False  # record spans (core/trace.py) ...
     trace_dir: str | None = None  # ... into this shard folder (None: shipped with results)
     trace_node: str | None = None  # the Ray node that folder is on (None: this machine)
 
@@ -108,7 +84,7 @@ class _Batcher:
     """The engine as each task's runner sees it: generate() parks the requests; the serve loop
     runs everything parked in one engine call."""
 
-    span = ("wait_batch", "episode")  # the runner's span while parked (rollout/runner.py)
+    span = ("wait_batch", "episode")  # the runner's span while parked (envs/runner.py)
 
     def __init__(self, engine):
         self.engine, self.parked = engine, []

@@ -2,24 +2,13 @@
 weight sync.
 
 `LocalEngines` starts `async.engines` engine processes (cluster/engine_process.py), publishes
-the trainer's weights to all of them through one Publisher over the run's transport (any
-that crosses processes, weights/registry.py; an anchor before any engine starts, deltas or
-anchors after each step), hands each job (one prompt) to the engine holding the fewest,
-and returns scored groups as they arrive, in arrival order. It knows which engine incarnation holds which job, and accepts
-a result only from that incarnation, so a job is never trained on twice:
-- an engine process that dies is restarted (up to `async.restarts` in the run) and gets its
-  predecessor's jobs again; the new process verifies the latest weights' hash before serving.
-  Past the restart budget the run fails with EngineDied (engine, pid, exit code, jobs held);
-- an engine that raises reports its traceback (EngineError), and the run fails;
-- an engine holding jobs that delivers nothing for `async.engine_timeout_s` fails the run
-  (EngineStalled); so does a tokenizer that differs from the trainer's;
-- at the end, `verify_final` checks that every engine's model holds the last published
-  weights, hash for hash.
-
-The seam for Ray (cluster/ray.py): a subclass that overrides `_spawn` (an actor behind the
-Process/Queue interface) and `tcp_host`; the ledger, restarts and checks here are shared.
-A trainer that dies takes no engine with it: each exits once its parent is gone, and
-`--resume` continues the run from its last checkpoint (async_loop.py).
+the trainer's weights to all of them through one Publisher (an anchor first, then deltas or
+anchors after each step), hands each job to the engine holding the fewest and returns scored
+groups in arrival order. A result is accepted only from the engine incarnation that holds its
+job, so no job is trained on twice. A dead engine is restarted with its jobs (up to
+`async.restarts`, then EngineDied); an engine that raises (EngineError) or holds jobs silently
+for `async.engine_timeout_s` (EngineStalled) fails the run; `verify_final` checks every
+engine's weights hash for hash. cluster/ray.py overrides `_spawn` and `tcp_host`.
 Not covered: engines on other machines (cluster/ray.py places them).
 """
 

@@ -1,26 +1,15 @@
 """Rollout engines as Ray actors (`cluster: {type: ray, address: ...}`, mode='async').
 
-The trainer stays in the driver process (this one), which joins the Ray cluster at
-`cluster.address`; the engines are actors in one placement group, a bundle per engine of one CPU
-plus `cluster.engine_resources` (a custom node resource pins them to chosen nodes). Each actor
-runs the same engine code as a local engine process (cluster/engine_process.py: the model
-built from the config, weights only through the hash-verifying Subscriber, here over tcp from
-the trainer's node address) in a thread, behind two thread queues. `RayEngines` is
-LocalEngines with `_spawn` overridden: the driver sees each actor through the Process/Queue
-interface, so dispatch, the exactly-once ledger, restarts, stall checks and the final hash
-check are LocalEngines' own. The user's reward and env travel pickled (by reference: the nodes
-must import them, from an installed package or from `cluster.py_modules`, shipped with Ray's
-runtime_env). The final-weights reports name the node of each engine and of the trainer.
-
-A restart (async.restarts) kills the old actor, whose bundle the new one takes.
-With `cluster.sandbox_workers` the envs' sandboxed code runs in sandbox worker actors on CPU
-nodes (cluster/ray_sandboxes.py), placed before the engines; the last step record lists
-each worker's node and sessions (`async_sandbox_workers`).
-
-Not covered: rank 0 of the trainer as an actor (it is the driver; ranks 1.. of
-trainer.data_parallel are Ray actors, trainer/ray_ranks.py), weight transports that do not
-cross nodes (weights/registry.py: tcp does), engines on GPUs (bundles ask for CPU only), a
-driver that cannot reach the engines' nodes directly (tcp connects to the driver's node IP).
+The trainer stays in the driver process, which joins the cluster at `cluster.address`; the
+engines are actors in one placement group, a bundle per engine of one CPU plus
+`cluster.engine_resources`. Each actor runs engine_main (cluster/engine_process.py) in a thread,
+its weights over tcp from the driver's node. `RayEngines` is LocalEngines with `_spawn`
+overridden (each actor behind the Process/Queue interface), so the ledger, restarts and checks
+are LocalEngines'. Rewards and envs travel pickled by reference: the nodes must import them
+(an installed package or `cluster.py_modules`). `cluster.sandbox_workers` places sandbox
+workers first (cluster/ray_sandboxes.py).
+Not covered: trainer rank 0 as an actor, transports that do not cross nodes, engines on GPUs
+(bundles ask for CPU only), a driver the engines' nodes cannot reach directly.
 """
 
 from __future__ import annotations

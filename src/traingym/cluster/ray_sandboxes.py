@@ -1,20 +1,13 @@
 """Sandbox workers on CPU nodes of a Ray cluster (`cluster.sandbox_workers`, mode='async').
 
 Code execution scales with the rollout rate, not with the GPUs, so it belongs on cheap CPU
-nodes. `start_workers` places N `SandboxWorker` actors, one CPU each plus
-`cluster.sandbox_resources` (a custom node resource pins them to the CPU nodes), spread over
-the nodes that have room. Each worker keeps warm pools (sandbox/pool.py), one per backend and
-limits, on its own node; sandboxed code never runs on the engine's or the trainer's node, and
-a backend the worker's node cannot run raises SandboxUnavailable back in the engine, as
-locally. Each engine gets a `RemoteSandboxes` client in its run resources (envs/resources.py;
-envs/code_env.py's `pool_for` then hands out the client's pools instead of local ones), which
-opens each session on the worker holding the fewest open sessions of this client.
-
-Results travel back as ExecResult (bytes and numbers; no weights). A worker that dies fails
-the sessions it held with a SandboxError naming it; the engine's env reports that as any env
-error. Not covered: restarting a dead worker, sessions moving between workers, a pool shared
-across workers, releasing the sessions of an engine that died mid-session (they stay taken
-until the run ends; the pool grows up to its max_size meanwhile).
+nodes. `start_workers` places N `SandboxWorker` actors (one CPU plus
+`cluster.sandbox_resources`), each keeping warm pools (sandbox/pool.py) on its node. Each engine
+gets a `RemoteSandboxes` client in its run resources (envs/resources.py), which opens each
+session on the worker holding the fewest of its sessions. A worker that dies fails its sessions
+with a SandboxError naming it.
+Not covered: restarting a dead worker, moving sessions between workers, pools shared across
+workers, releasing the sessions of an engine that died mid-session (held until the run ends).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Building a run's config: a preset, then a TOML/YAML/JSON file, then `--set a.b=c` overrides,
-validated against the schema (config.py) before any work starts.
+validated against the schema (config/schema.py) before any work starts.
 
 Unknown keys fail at load time and name the closest valid one ("did you mean 'steps'?").
 Presets are partial configs merged under the user's values: a preset never drops a value the
@@ -18,12 +18,12 @@ from pydantic import BaseModel, ValidationError
 
 from traingym.config.schema import PRESETS, Config
 
-# Keys that moved: an old name's error names the new place (_unknown_key).
 from traingym.core.errors import ConfigError, closest, did_you_mean
 from traingym.models import presets
 from traingym.models.presets import preset_settings
 from traingym.rollout import registry as engines
 
+# Keys that moved: an old name's error names the new place (_unknown_key).
 MOVED_KEYS: dict[str, str] = {
     **{f"{old}.{k}": f"algorithm.{k}" for old in ("async", "trainer")
        for k in ("is_correction", "is_level", "is_cap")},
@@ -211,8 +211,9 @@ def run_config(run_dir: Path) -> Config:
 
 def run_config_data(run_dir: Path) -> dict:
     """The run's config.json (the resolved config, every field written out) less the fields
-    equal to the defaults, so they validate as unset, as the run had them. A run written
-    before a key moved (config_load.MOVED_KEYS) has the value read at its new place."""
+    equal to the defaults, so they validate as unset, as the run had them. A key listed in
+    `MOVED_KEYS` is read at its new place.
+    """
     try:
         data = json.loads((run_dir / RUN_CONFIG).read_text())
     except json.JSONDecodeError as e:

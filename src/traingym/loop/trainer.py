@@ -1,13 +1,11 @@
-"""The run's trainer from its whole config: the composition step, so the trainer layer takes
-only the sections it reads.
+"""The run's algorithm and trainer from its whole config: the composition step, so the algorithm
+and trainer layers take only the sections they read.
 
-One process (trainer/torch_trainer.py TorchTrainer, or LoraTrainer with `lora.rank > 0`), or
-data-parallel ranks (trainer/distributed.py DistributedTrainer) with `trainer.data_parallel >
-1`; either applies the importance correction that `algorithm.is_correction` resolves to
-(algorithms/importance.py ImportanceSpec) and the run's algorithm (`algorithm.name`,
-algorithms/registry.py). With `distill.teacher` the algorithm distils (algorithms/distill.py)
-and the trainer gets the teacher (trainer/teacher.py); the distillation step takes no
-importance correction.
+`build_trainer`: one process (trainer/torch_trainer.py TorchTrainer, or LoraTrainer with
+`lora.rank > 0`) or data-parallel ranks (trainer/distributed.py DistributedTrainer,
+`trainer.data_parallel > 1`), given the run's algorithm (`build_algorithm`), the importance
+correction (algorithms/importance.py ImportanceSpec) and, with `distill.teacher`, the teacher
+(trainer/teacher.py); the distillation step takes no importance correction.
 """
 
 from __future__ import annotations

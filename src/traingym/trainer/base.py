@@ -1,5 +1,6 @@
 """The trainer seam: one optimizer step per batch; export weights; the model and optimizer
-that checkpoint.py saves and restores."""
+that runs/checkpoint.py saves and restores.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ class Trainer(Protocol):
         """The current weights, detached, for the rollout engines."""
         ...
 
-    # what checkpoint.py saves and loads: the full model and an optimizer keyed like it
+    # what runs/checkpoint.py saves and loads: the full model and an optimizer keyed like it
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
 

@@ -1,40 +1,15 @@
 """Data-parallel trainer over processes (`trainer.data_parallel = W > 1`), DDP or FSDP2 on gloo.
 
-Rank 0 is this (the driver) process; ranks 1..W-1 are local worker processes
-(trainer/local_ranks.py) or, with `cluster.type = "ray"`, Ray actors in a placement group
-(trainer/ray_ranks.py). The interface is TorchTrainer's: `train_step(batch)`, `export()`,
-`.model` / `.optimizer` (what checkpoint.py saves and loads), `close()`.
-
-A step: the batch's groups are split into W contiguous runs of whole groups (rank 0 takes
-the first); each worker gets its groups (token-id lists, pickled over its pipe or the Ray
-call) and the batch's total policy-token count; every rank runs forward/backward on its
-groups, DDP all-reduces or FSDP2 reduce-scatters the gradients over gloo, and every rank takes
-the same clipped AdamW step (trainer/rank.py tells how the ranks' collectives are kept
-identical). The parameters after a step equal a single process's on the whole batch up to
-float rounding (tests/trainer/test_distributed_trainer.py). Loss, KL, entropy, clip fraction,
-importance and mismatch figures (each rank's per-token sums divided by the whole batch's
-policy tokens) are summed over ranks; grad_norm is the global norm.
-
-Rank 0's weights and optimizer: under DDP `.model` and `.optimizer` are rank 0's replica and
-its AdamW. Under FSDP2 each access after a step gathers the full state to rank 0 into a
-plain copy of the model and an AdamW keyed like a single process's (so checkpoint.py reads
-and writes the same files for every W and parallelism); `export()` gathers the full weights.
-Whatever is loaded into `.model` / `.optimizer` (a resumed checkpoint) is pushed to every
-rank before the next `train_step` or `export()`; a change is detected by the tensors'
-identities and version counters, so changes made through a reference kept past the next
-step are not seen.
-
-Failures: a worker that raises answers with its traceback and leaves the group, one that
-dies closes its gloo pairs; rank 0's collective then fails at once and `train_step` raises
-TrainerRankError naming the rank and the cause. A worker that hangs makes rank 0's
-collective (or its wait for the answer) fail after `trainer.dist_timeout_s`. After any
-failure the trainer is closed (workers killed, group destroyed); the run can resume from
-its last checkpoint.
-
-Not covered: GPUs/NCCL, tensor or pipeline parallelism, restarting a dead rank, uneven
-token loads (groups are split by count, not by tokens), a driver that already holds a
-torch.distributed default group (refused). Rank 0 keeps the driver's torch threads; workers
-use `threads` or cores / W.
+Rank 0 is the driver process; ranks 1..W-1 are local processes (trainer/local_ranks.py) or Ray
+actors (trainer/ray_ranks.py). It has TorchTrainer's interface. Each rank takes a contiguous run
+of whole groups and the same clipped AdamW step (collectives kept identical: trainer/rank.py),
+so the parameters equal a single process's up to float rounding; per-token stats are summed
+over ranks. `.model` / `.optimizer` are rank 0's, gathered in full under FSDP2 so that
+runs/checkpoint.py writes the same files for every W; what is loaded into them is pushed to every
+rank before the next step (seen through tensor identities and version counters). A rank that
+fails or hangs (`trainer.dist_timeout_s`) raises TrainerRankError and closes the trainer.
+Not covered: GPUs/NCCL, tensor or pipeline parallelism, restarting a dead rank, uneven token
+loads (split by groups, not tokens), a driver that already holds a default process group.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Per-token log-probs of completions, computing each shared prompt once.
 
-The G completions of a group share one prompt. Instead of running G full sequences, the prompt
-is run once with a KV cache, the cache is repeated G times (a differentiable repeat, so gradients
-from every completion flow back into the one prompt pass), and only the completion tokens run
-per sample. Only completion positions go through the LM head. With a 40-token prompt, 8-token
-completions and G = 4 this processes about 2.7x fewer tokens than one sequence per sample, and
-gives the same log-probs and gradients up to float rounding (tests/unit/test_logprobs.py).
-
-Multi-turn completions hold environment tokens too: they run through the model as context (the
-policy conditions on them), and `loss_masks` zeroes their log-probs and their mask entries, so
-only policy tokens carry loss.
+The G completions of a group share one prompt: it is run once with a KV cache, the cache is
+repeated G times (a differentiable repeat, so every completion's gradient flows back into the
+one prompt pass), and only the completion tokens run per sample, and only they go through the
+LM head. Log-probs and gradients equal one sequence per sample up to float rounding
+(tests/unit/test_logprobs.py). Environment tokens of multi-turn completions run as context;
+`loss_masks` zeroes their log-probs and mask entries, so only policy tokens carry loss.
 """
 
 from __future__ import annotations

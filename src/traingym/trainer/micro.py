@@ -1,23 +1,15 @@
 """Micro-batching by tokens, and the full-sequence log-prob path that gradient checkpointing
 needs.
 
-`micro_batches` splits a batch's groups into forward/backward passes. By default each pass
-holds `trainer.micro_batch_groups` whole groups. With `trainer.micro_batch_tokens > 0`, samples
-are packed greedily, in batch order, into passes whose padded token count stays within the
-cap: a pass's cost is counted as each of its groups' prompt once (the trainer runs a shared
-prompt once) plus rows x its longest completion. A group may be split across passes (each part
-runs its prompt again); a single sample above the cap runs alone. Since the loss is summed
-over policy tokens and divided by the batch's token count, the update equals one big batch's
-up to float rounding (tests/trainer/test_micro_ckpt.py).
-
-`sequence_logprobs` gives what trainer/logprobs.py's `completion_logprobs` gives (same row
-layout, masks, entropy) from one forward pass over full prompt + completion rows, without a
-KV cache (the forward is scoring.py's `row_logits`, shared with the engine's `score`).
-Hugging Face's gradient checkpointing drops the cache in training
-(transformers/modeling_layers.py sets `cache=None`), which the shared-prompt path depends on,
-so with `trainer.gradient_checkpointing` the trainer uses this path. It runs each prompt once
-per sample, so it does more compute than the shared-prompt path; what it saves is activation
-memory. Not covered: checkpointing the shared-prompt path itself.
+`micro_batches` splits a batch's groups into passes of `trainer.micro_batch_groups` whole
+groups or, with `trainer.micro_batch_tokens > 0`, packs samples greedily in batch order into
+passes within that padded-token cap (a group may be split; a sample above the cap runs alone).
+The loss is divided by the whole batch's tokens, so the update is the same either way up to
+float rounding. `sequence_logprobs` gives `completion_logprobs`' result from full rows without a
+KV cache (models/scoring.py `row_logits`): Hugging Face's gradient checkpointing drops the cache
+the shared-prompt path needs, so `trainer.gradient_checkpointing` uses this path, which saves
+activation memory at the cost of running each prompt once per sample.
+Not covered: checkpointing the shared-prompt path itself.
 """
 
 from __future__ import annotations

@@ -1,30 +1,15 @@
 """One rank of the data-parallel trainer (trainer/distributed.py): its process group, its
 replica (DDP) or shard (FSDP2), and the optimizer step on its slice of a batch.
 
-Every rank runs the same TorchTrainer code (trainer/torch_trainer.py) on its own groups. The
-loss is divided by the policy tokens of the WHOLE batch and multiplied by the world size W
-(DDP and FSDP2 average gradients over ranks), so the summed gradient is the one a single
-process would compute on the whole batch. Micro-batches accumulate locally with gradient sync
-off; then one sync pass, a forward and backward of one token with loss 0 * logits, runs the
-all-reduce (DDP) or reduce-scatter (FSDP2) of the accumulated gradients. The number of model
-calls per micro-batch (1 or 2 in trainer/logprobs.py) and of micro-batches per rank may then
-differ between ranks: each rank makes exactly the same collectives per step (FSDP2 keeps
-parameters gathered from the first forward to the sync pass: `reshard_after_forward=False`,
-resharded after the sync backward), and a rank with no groups only runs the sync pass.
-Gradient clipping (a global norm over DTensor shards under FSDP2) and AdamW then give the same
-update on every rank.
-
-Weights move between ranks only by torch.distributed collectives: the initial broadcast from
-rank 0, and full state gathered to rank 0 or pushed from it with torch's
-distributed.checkpoint.state_dict API (whose broadcast pickles the state's key names, shapes
-and 0-dim values such as Adam's step count, never a weight).
-
-Not covered: GPUs and NCCL (the group is gloo, tensors stay on CPU); FSDP2 with mixed
-precision or CPU offload, bf16 autocast under FSDP2 (tested in fp32), a model with
-parameters that a forward pass leaves unused (DDP runs with find_unused_parameters=False).
-FSDP2 here shards parameters at rest and the optimizer state, not the parameters during a
-step (they stay gathered across its micro-batches); the KL reference, when algorithm.kl_coef > 0, is a
-full copy on every rank.
+Every rank runs TorchTrainer's code on its own groups, the loss divided by the WHOLE batch's
+policy tokens and multiplied by W, so the averaged gradient is a single process's. Micro-batches
+accumulate with gradient sync off; then one sync pass (one token, loss 0 x logits) runs the
+all-reduce or reduce-scatter, so every rank makes the same collectives whatever its number of
+model calls (FSDP2 keeps parameters gathered until then; a rank with no groups runs only the
+sync pass). Weights move only by collectives; torch's distributed.checkpoint.state_dict
+gathers and pushes full state to and from rank 0.
+Not covered: GPUs and NCCL (gloo, CPU tensors); FSDP2 with mixed precision, CPU offload or bf16
+autocast; parameters a forward leaves unused; the KL reference is a full copy on every rank.
 """
 
 from __future__ import annotations
@@ -66,7 +51,7 @@ class RankSpec:
     frozen: list[str]  # parameters that do not require grad
     threads: int
     algorithm: Any = None  # algorithms/base.py Algorithm (None: GRPO's defaults)
-    trace: bool = False  # record spans (observability/trace.py) ...
+    trace: bool = False  # record spans (core/trace.py) ...
     trace_dir: str | None = None  # ... into this shard folder (None: shipped with step answers)
     trace_node: str | None = None  # the Ray node that folder is on (None: this machine)
 

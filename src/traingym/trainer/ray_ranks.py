@@ -1,17 +1,13 @@
 """Worker ranks of the data-parallel trainer as Ray actors (`cluster.type = "ray"`).
 
-Rank 0 stays in the driver; ranks 1..W-1 are actors in one placement group (PACK), a bundle
-each of one CPU plus `cluster.trainer_resources` (a custom node resource pins them to chosen
-nodes). Each actor runs the same RankServer as a local worker process; rank 0 calls one
-method per command and waits on its result with a timeout. The group's rendezvous is a
-TCPStore on the driver's node IP (ray.util.get_node_ip_address); gloo then connects every
-pair of ranks directly, so the nodes must reach each other (set GLOO_SOCKET_IFNAME where the
-default interface is not the one they share). The driver joins the cluster here when it has
-not yet (with `cluster.py_modules` as runtime_env, as the engines would) and then owns the
-connection: it is shut down when the trainer closes, after the engines.
-
-Not covered: GPUs (bundles ask for CPU only), restarting a dead rank (the run fails; resume
-it from its last checkpoint).
+Rank 0 stays in the driver; ranks 1..W-1 are actors in one PACK placement group, a bundle each
+of one CPU plus `cluster.trainer_resources`, each running the same RankServer as a local worker
+process. Rendezvous is a TCPStore on the driver's node IP; gloo then connects every pair of
+ranks directly, so the nodes must reach each other (set GLOO_SOCKET_IFNAME where the default
+interface is not the shared one). The driver joins the cluster here if it has not yet and shuts
+the connection down when the trainer closes, after the engines.
+Not covered: GPUs (bundles ask for CPU only), restarting a dead rank (the run fails; resume it
+from its last checkpoint).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Supervised fine-tuning on chat data, the trainer's side: rows and their assistant masks,
-the loss, one step (`sft_step`). The phase around it (schedule, checkpoints, resume, the
-weight sync) is loop/sft.py's.
+the loss, one step (`sft_step`). The phase around it is loop/sft.py's.
 
-Data: a JSONL file of {"messages": [{"role", "content"}, ...]} rows or a local `datasets`
-folder (`sft.data`). Each conversation is rendered with the tokenizer's chat template and the
-loss (token-level mean of -log p over the batch) covers the assistant turns only: the mask is
-built from the template's own rendering, the span of assistant turn i being the characters
-between the rendering of messages[:i] with the generation prompt and the rendering of
-messages[:i + 1] (so the assistant header is context and the end-of-turn token, which the
-model must learn to emit, is a target). A template whose renderings are not prefixes of each
-other is refused with its name.
-
+Data (`sft.data`): a JSONL file of {"messages": [...]} rows or a local `datasets` folder. Each
+conversation is rendered with the tokenizer's chat template; the loss (token-level mean of
+-log p) covers the assistant turns only, spans found by rendering messages[:i] with the
+generation prompt and messages[:i + 1], so the assistant header is context and the end-of-turn
+token a target. A template whose renderings are not prefixes of each other is refused.
 Not covered: packing several conversations per row, multi-modal messages.
 """
 

@@ -1,23 +1,13 @@
 """The distillation teacher, the trainer's side: load it, and score the student's samples.
 
-An algorithm that declares `needs_teacher` (algorithms/distill.py) gets, once per batch before
-its micro-batches, the teacher's log-prob of every sampled token under softmax(logits / T) at
-the rollout temperature T, laid out as the trainer's rows (B, T) per micro-batch.
-
-The teacher (`distill.teacher`): 'tiny', 'embedded' or a local HF folder, or a checkpoint of a
-traingym run (a `step_NNNNNN` folder, or a run directory: its newest committed checkpoint),
-whose model.safetensors is loaded, verified, over the student's `model.path`. It must share the
-student's tokenizer (same vocabulary size, checked). `LocalTeacher` runs it in this process
-(frozen, fp32, through the trainer's own log-prob path and precision).
-
-`EngineTeacher` serves it through the engine seam (`distill.teacher_engine`, an engine with
-`abilities.scores_tokens`, rollout/base.py `score`), built by rollout/registry.py `build` from
-an EngineContext (the student's model path and tokenizer, model.engine_dtype,
-rollout.max_batch_rows): an engine that takes weights gets the teacher's (loaded as above),
-one that takes none (openai) serves its own at `distill.teacher` (its base_url,
-trainer/config.py teacher_options). It scores the whole batch in one `score` call and is
-closed with the trainer. Not covered: a teacher with another tokenizer, SGLang (no
-scores_tokens).
+For an algorithm with `needs_teacher` (algorithms/distill.py) it gives, once per batch, the
+teacher's log-prob of every sampled token at the rollout temperature, laid out as the trainer's
+rows. `distill.teacher` is 'tiny', 'embedded', a local HF folder or a traingym checkpoint (or a
+run directory: its newest), loaded over the student's `model.path`; it must share the student's
+tokenizer. `LocalTeacher` runs it in this process (frozen, fp32); `EngineTeacher` through an
+engine with `abilities.scores_tokens` (`distill.teacher_engine`, rollout/registry.py), which
+takes the teacher's weights or, taking none (openai), serves its own at `distill.teacher`.
+Not covered: a teacher with another tokenizer, SGLang (no scores_tokens).
 """
 
 from __future__ import annotations

@@ -1,57 +1,15 @@
-"""Single-process torch trainer: GRPO step with micro-batches, grad clipping and AdamW.
+"""Single-process torch trainer: one clipped AdamW step per batch, over micro-batches of groups.
 
-One optimizer step per batch, on-policy: the "old" log-probs of the PPO ratio are the trainer's
-own log-probs detached, so the ratio is 1 in value and the clip only matters for later epochs or
-off-policy data. The engine's log-probs of the same tokens differ from the trainer's: in
-disaggregated mode (async_loop.py) the samples come from an older policy, and in any mode the
-engine's numerics differ (bf16, fused kernels, vLLM). `importance` (an ImportanceSpec from
-`algorithm.is_correction` / `is_level` / `is_cap`; 'auto': tis in async mode, none in sync mode)
-then weights each policy token's policy-gradient term by the importance ratio of the trainer's
-and the engine's log-probs, truncated or masked (algorithms/importance.py); its stats are
-`is_weight_mean`, `is_zero_frac` and `is_capped_frac` (fraction of policy tokens whose ratio
-passed the cap: truncated under tis, zeroed under mis), present only when a correction is on.
-
-Train/inference mismatch, on every step whatever the correction: `mismatch_abs_logp` (mean over
-policy tokens of |log p_trainer - log p_engine|) and `mismatch_kl_k3` (mean k3 = (r - 1) - log r,
-r = p_trainer / p_engine: an estimate of KL(engine || trainer), since the engine sampled the
-tokens). The trainer's log-probs are those of this step's forward pass, before its update (no
-extra pass), under the trainer's own precision (bf16 autocast when on); in async mode the gap
-includes the policy's staleness. Measured on the batch's groups (dropped groups, all rewards
-equal, are not run); null in events.jsonl for a step that trained on no tokens. Across
-data-parallel ranks the per-token sums are added and divided by the batch's policy tokens, like
-the other stats. The loss is summed over the policy tokens of
-the batch and divided by their count (token-level averaging), accumulated over micro-batches of
-whole groups so that each prompt is run once per micro-batch. Environment tokens of multi-turn
-samples (`Sample.loss_mask` 0) are run through the model as context but carry no loss, no KL
-and no entropy, and are not counted.
-
-The algorithm (algorithms/base.py; `algorithm.name`, default GRPO) supplies the per-token
-loss, each token's weight and the batch's loss divisor (`denominator`; token-level averaging
-for GRPO: the batch's policy tokens), per-token advantages where they need this pass (KL as
-a reward penalty: an extra no-grad pass over the batch first), and whether a reference model
-is kept (`algorithm.kl_coef > 0`). Reference log-probs are computed once per batch, before
-its micro-batches, and serve both the KL term and the KL reward penalty. The entropy bonus
-(`algorithm.entropy_coef`) subtracts coef x entropy per token. `loss` is the algorithm's
-loss; `kl`, `entropy`, `clip_frac` are means over policy tokens.
-
-An algorithm with `needs_values` (PPO, algorithms/ppo.py) gets a value head
-(trainer/value_head.py): before the micro-batches, one no-grad pass of the policy over the
-batch gives the values V_old (and the KL when it is a reward penalty), from which the
-algorithm computes per-token advantages and returns (GAE); each micro-batch's pass then
-reads V from the same forward (the LM head's input) and adds vf_coef x the algorithm's value
-loss. The head is trained by this optimizer (a param group of its own), clipped with the
-model's gradients, saved in checkpoints (`extra_modules`) and never exported. Its stats:
-`value_loss`, `value_clip_frac` (per policy token), `value_mean`, `value_return_mean`,
-`value_explained_var` (over the batch's policy tokens, before the update).
-
-An algorithm with `needs_teacher` (on-policy distillation, algorithms/distill.py) gets the
-teacher's log-probs (`teacher`, trainer/teacher.py), asked once per batch before its
-micro-batches, through `teacher_advantages`; `kl` is then the mean of log p_trainer - log
-p_teacher over policy tokens.
-
-A batch in which every group was dropped (all rewards equal within each group) has nothing to
-learn from: the step makes no optimizer update but still counts as a step, and its
-events.jsonl record shows `groups_kept: 0` and `trained_tokens: 0`.
+On-policy: the PPO ratio's "old" log-probs are the trainer's own, detached (ratio 1 in value).
+The engine's log-probs differ (an older policy in async mode, other numerics in any mode):
+`importance` (algorithms/importance.py) weights each policy token by the truncated or masked
+ratio, and every step reports the gap (`mismatch_abs_logp`, `mismatch_kl_k3`: KL(engine ||
+trainer) estimated from this step's forward pass, before its update).
+The algorithm (algorithms/base.py) supplies the per-token loss, token weights, loss divisor and
+per-token advantages; it may add a KL reference (`kl_coef > 0`, log-probs once per batch), a
+value head (`needs_values`, trainer/value_head.py: checkpointed, never exported) or a teacher
+(`needs_teacher`, trainer/teacher.py). Environment tokens (`loss_mask` 0) are context only.
+A batch whose groups were all dropped makes no update but counts as a step (mismatch null).
 """
 
 from __future__ import annotations
@@ -113,7 +71,7 @@ class TorchTrainer:
         if algorithm.needs_values:
 
             self.value_head = make_value_head(model)
-        # trained beside the model, saved in checkpoints (checkpoint.py), never exported
+        # trained beside the model, saved in checkpoints (runs/checkpoint.py), never exported
         self.extra_modules = ({"value_head": self.value_head} if self.value_head is not None
                               else {})
         self.optimizer = make_optimizer(model, cfg, self.value_head,

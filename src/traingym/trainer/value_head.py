@@ -1,22 +1,12 @@
 """The value head that an algorithm with `needs_values` (algorithms/ppo.py) asks the trainer for.
 
-A linear layer (hidden -> 1) on the policy's last hidden state, the input of the LM head
-(trainer/logprobs.py: `hidden=True`): V_t is read at the position that predicts token t, so it
-is the value of the state before token t. The trunk is shared with the policy (the value loss
-trains it too), as in TRL's value-head model, not a separate critic model as in OpenRLHF or
-verl. Zero-initialised (V = 0 at the start, and creating it draws nothing from the RNG, so a
-run's random stream is the same with or without it), float32, on the policy's device.
-
-The head lives on the trainer (`TorchTrainer.value_head`), never on the model: `export()`
-(what the weight sync sends to the engines) and a checkpoint's model.safetensors (what serve,
-eval and a teacher load) hold the policy only. It is trained by the policy's optimizer, in a
-param group of its own whose learning rate is trainer.lr x `algorithm.value_lr_scale`
-(`lr_scale` in the group), and saved in checkpoints as value_head.safetensors beside the
-model (checkpoint.py: `extra`), so a resumed run restores it exactly.
-
-`value_targets` is the no-grad pass before the update, once per batch like the reference
-log-probs: the values V_old, the KL per token when the KL is a reward penalty, and the
-algorithm's per-token advantages and returns from them.
+A linear layer (hidden -> 1) on the LM head's input (trainer/logprobs.py `hidden=True`), so V_t
+is the value of the state before token t; the trunk is shared with the policy, as in TRL, not a
+separate critic. Zero-initialised (it draws nothing from the RNG, so a run's random stream is
+the same with or without it), float32. It lives on the trainer, never on the model: exports
+and model.safetensors hold the policy only. The policy's optimizer trains it (lr x
+`algorithm.value_lr_scale`) and checkpoints save it as value_head.safetensors
+(runs/checkpoint.py `extra`). `value_targets` is the no-grad pass before the update.
 """
 
 from __future__ import annotations
