@@ -1,17 +1,11 @@
-"""What the dashboard's JSON API answers (docs/dashboard.md), over the folders of RUNS_DIR;
-app.py maps routes to these functions.
+"""What the dashboard's JSON API answers (docs/dashboard.md) over RUNS_DIR; dashboard/app.py maps
+routes to these functions.
 
-Ids, never paths: a run or eval id must match `[A-Za-z0-9][A-Za-z0-9._-]*` and be a folder
-directly under RUNS_DIR in a fresh listing (not a symlink; a run: a traingym config.json; an
-eval: summary.json); the files read inside it are fixed names and must be plain files (a
-symlink is refused), so nothing outside RUNS_DIR is read. A RUNS_DIR that is itself a run
-lists that one run. The page's files are the plain files under static/ listed once at start,
-looked up by name in that listing.
-
-Each run keeps an incremental index of events.jsonl and samples.jsonl (index.py), refreshed
-on every request about that run: a live run's new steps show on the next poll. Routes are
-plain functions (FastAPI runs them on its thread pool); each index has its own lock. Status
-comes from runs.RunView (lock, results.json, checkpoints) with the step from the index.
+Ids, never paths: a run or eval id must match `[A-Za-z0-9][A-Za-z0-9._-]*`, name a non-symlink
+folder directly under RUNS_DIR, and the files read in it are fixed names and plain files, so
+nothing outside RUNS_DIR is read. Each run keeps an incremental index (dashboard/index.py)
+refreshed per request, so a live run's new steps show on the next poll; status comes from
+runs/index.py RunView.
 """
 
 from __future__ import annotations
@@ -266,7 +260,7 @@ def one_sample(index: SamplesIndex, sid: str) -> dict:
 
 
 def trace_answer(run: Run, max_events: int) -> dict:
-    """The run's spans (observability/trace.py's load_trace: trace.json or the live shards),
+    """The run's spans (core/trace.py's load_trace: trace.json or the live shards),
     its processes and threads, and the utilisation summary (results.json's, else each
     process's busy fraction from its spans)."""
 

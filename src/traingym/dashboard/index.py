@@ -1,25 +1,13 @@
 """Incremental, in-memory indexes of a run's events.jsonl and samples.jsonl.
 
-Each index remembers how many bytes of its file it has read and, on `refresh()`, reads only
-what was appended since (whole lines only: a line still being written waits for its newline).
-A file that shrank, whose bytes before the remembered offset changed, or (events) whose new
-records go back in step (SFT-phase records, all step 0, may repeat it) (a resumed run truncates its logs, runlog.truncate_after, then
-rewrites the steps after its checkpoint) is re-read from the start.
-
-- `EventsIndex` keeps the step records as columns (one list per key, `MISSING` where a record
-  lacks the key); a key that is charted or summed also gets running sums and counts of its
-  numbers (made on first use, extended after), so a downsampled series costs two subtractions
-  per point, a total one lookup, and `after=N` is a bisection. Callers hold `lock` while they
-  read.
-- `SamplesIndex` keeps, per sample, the byte offset of its line, its step, reward, sid and the
-  lower-cased prompt + completion text that `q` searches; the full record is read back from
-  the file by offset. It also counts the `status` of each `env_info` entry (a code env's
-  sandbox verdict: pass, fail, sandbox_limit...). A record without `sid` (runs older than the sid field) gets
-  `L<line number>`, stable while the file only grows.
-
-Not covered: a file rewritten to the same size with the same last 64 bytes before the offset
-is not noticed until the steps go back; lines that are not JSON objects are skipped and
-counted (`bad_lines`), never fatal.
+Each index reads only what was appended since its last `refresh()` (whole lines only), and
+re-reads from the start when the file shrank, its earlier bytes changed, or (events) steps go
+back, as a resumed run truncates and rewrites its logs. `EventsIndex` keeps step records as
+columns with running sums for charted keys, so a downsampled series costs two subtractions per
+point; callers hold `lock`. `SamplesIndex` keeps per-sample offsets, step, reward, sid and
+search text (a record without `sid` gets `L<line number>`), and counts env_info statuses.
+Not covered: a rewrite to the same size with the same last 64 bytes goes unnoticed until the
+steps go back; non-JSON lines are skipped and counted (`bad_lines`).
 """
 
 from __future__ import annotations

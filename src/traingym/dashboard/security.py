@@ -1,23 +1,12 @@
 """The dashboard's request guard (an ASGI middleware in front of every route) and its rules.
 
-In order, each failure answered as JSON {"detail": ...} before any route runs:
-1. method: only GET and HEAD (405 with `Allow: GET, HEAD`; OPTIONS too, so no CORS preflight);
-2. path: the raw request path may not hold `..`, `\\`, `//`, a NUL or the encodings
-   `%2e`, `%2f`, `%5c`, `%00` (400). Routes take ids, never paths, so this is a second wall;
-3. Host header: only the allowed names (loopback names, the --host address, --allow-host
-   names) (400), so a page on another site cannot reach the dashboard by rebinding its own
-   name to 127.0.0.1;
-4. token (when the server has one): `Authorization: Bearer T`, or the `token` cookie, which a
-   page request `?token=T` sets (HttpOnly, SameSite=Strict) before redirecting to the same page
-   without the token in its address (401 otherwise). Compared in constant time.
-
-Every answer gets `X-Content-Type-Options: nosniff`, `X-Frame-Options: DENY`, a
-Content-Security-Policy (default-src 'self'; scripts only from the server's own files, no
-inline script or eval), `Referrer-Policy: no-referrer` and `Cache-Control: no-store`; any
-`Access-Control-*` header (none is ever set: no CORS) and the `server` header are dropped.
-
-`mask()` replaces config values whose key names a secret (a word of the key such as key,
-token, secret, password, credential; `max_new_tokens` is not one) with "***".
+In order, each failure answered as JSON {"detail": ...}: only GET and HEAD (405; no CORS
+preflight); no `..`, `\\`, `//`, NUL or their encodings in the raw path (400; routes take ids,
+so this is a second wall); only allowed Host names (400, against DNS rebinding); the token,
+when set, as a Bearer header or the cookie a `?token=` page request sets (401, constant time).
+Every answer gets nosniff, DENY framing, a strict Content-Security-Policy, no-referrer and
+no-store; `Access-Control-*` and `server` headers are dropped. `mask()` replaces config values
+whose key names a secret with "***".
 """
 
 from __future__ import annotations
@@ -33,8 +22,7 @@ from traingym.core.asgi import send_json
 
 
 class StartError(ValueError):
-    """A dashboard that cannot start (a bad flag or token file); the message names the fix.
-    Not config.ConfigError: importing config.py pulls in torch, which the dashboard never needs."""
+    """A dashboard that cannot start (a bad flag or token file); the message names the fix."""
 
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
        "img-src 'self' data:; connect-src 'self'; font-src 'self'; object-src 'none'; "
@@ -77,7 +65,6 @@ def mask(value):
 
 
 def read_token(path: str | Path) -> str:
-
     try:
         token = Path(path).read_text().strip()
     except OSError as e:

@@ -1,20 +1,12 @@
 """A code-execution environment: the policy writes a function, hidden tests grade it in a sandbox.
 
 Rows come from envs/code_problems.py (or any rows with prompt, entry, inputs, expected and an
-optional prefill). The prompt is rendered with the chat template and pre-filled with the row's
-`prefill` (e.g. "```python\\ndef add("); the program is that pre-fill plus the completion up to
-the closing fence. It runs in a sandbox from a warm pool (sandbox/pool.py) and the reward is
-the fraction of hidden tests passed, judged on the host (envs/code_grader.py).
-
-The pool is made on first use, one per run, event loop, backend and limits (envs/resources.py:
-the run owns it), and shared by every env of the run on that loop (the rollout runner keeps one
-loop for the whole run); it is closed with the runner. The backend is named
-explicitly; "bwrap" is the default. A backend that cannot run raises SandboxUnavailable: code is
-never run on the host instead. `image` (sandbox/images.py: requirements, lock, files) is the
-Python the code runs against, built once and cached; None is the standard library only. Pools
-are keyed by backend, limits and image. On a Ray cluster with `cluster.sandbox_workers`, the sessions
-run on the sandbox workers' CPU nodes instead (cluster/ray_sandboxes.py: the engine's run
-resources hold the workers' client); this code is the same.
+optional prefill); the program is the pre-fill plus the completion up to the closing fence. The
+reward is the fraction of hidden tests passed, judged on the host (envs/code_grader.py). The
+warm pool (sandbox/pool.py) belongs to the run (envs/resources.py), keyed by backend, limits and
+image (sandbox/images.py). A backend that cannot run raises SandboxUnavailable: code never runs
+on the host instead. With `cluster.sandbox_workers` the sessions run on the sandbox workers
+(cluster/ray_sandboxes.py); this code is the same.
 """
 
 from __future__ import annotations

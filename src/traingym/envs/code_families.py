@@ -1,27 +1,13 @@
 """Parameterised families of small Python function tasks, split into train and held-out by
-parameter, for code-execution RL at a scale where a held-out pass rate means something.
+parameter, so a held-out pass rate means something for code-execution RL.
 
-A family is a template ("returns x plus K") and a list of parameter values (K = 2..13). Each
-parameter value makes one problem: a function name, a signature, a description, a reference
-solution written as Python source, and hidden test inputs drawn from an RNG seeded by the
-problem's id. The split is by parameter, so it is disjoint by construction: within each family
-the parameter values at even positions are training problems and those at odd positions are
-held-out ones (`split_of`). Both sides see every family; a held-out problem asks for a constant,
-word or operation the training side never asked for. `check_disjoint` asserts it on the
-(family, params) keys and on the prompt text.
-
-The reference source is the single source of truth: the expected outputs are computed on the
-host by running it (trusted code, ours), and the tests run it in a sandbox to show it passes
-its own hidden tests while a sibling's reference (another parameter of the same family) fails
-them. As in code_problems.py, only the inputs ever enter a sandbox (envs/code_grader.py).
-
-Rows have the keys of code_problems.code_rows (prompt, problem, entry, prefill, inputs,
-expected) plus `family` and `params`; CodeEnv grades them unchanged.
-
-The tasks are kept at the level SmolLM2-135M-Instruct solves some of the time (one-line bodies
-over ints, lists of ints and short strings): RL needs a pass rate above 0 and below 1.
-
-Not covered: problems of more than one function, stateful or I/O tasks, or difficulty levels.
+A family is a template ("returns x plus K") and parameter values; even positions train, odd
+ones are held out (`split_of`), disjoint by construction (`check_disjoint` asserts it). Each
+problem's reference source is the single source of truth: expected outputs are computed on the
+host by running it, and only inputs enter a sandbox (envs/code_grader.py). Rows have
+code_problems.code_rows' keys plus `family` and `params`. Tasks are sized so
+SmolLM2-135M-Instruct solves some of them: RL needs a pass rate strictly between 0 and 1.
+Not covered: multi-function problems, stateful or I/O tasks, difficulty levels.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Grade model-written code against hidden tests: run it in a sandbox, judge on the host.
 
-What enters the sandbox: the candidate's source (`solution.py`), a small harness, and the test
-INPUTS. What never does: the expected outputs, the comparison, the verdict. The harness loads
-the candidate, calls the entry function once per input and writes one JSON line per case; the
-host parses those lines with size caps and compares them to the expected values itself. So the
-known reward hacks earn nothing:
-
-- exiting 0 (or crashing) before the tests: no result lines, every case fails;
-- raising SkipTest or any exception: that case fails;
-- objects whose equality is always true: results must be plain JSON data, compared on the host;
-- patching the test framework, `conftest.py`, the grader or builtins: none of it runs in the
-  candidate's process; only JSON text leaves it;
-- reading or editing the tests: there are none in the sandbox, only the inputs;
-- patching the clock: time limits are enforced by the sandbox agent and the host;
-- forging result lines: a case with zero or several lines fails.
-
+Only the candidate's source, a small harness and the test inputs enter the sandbox; the
+expected outputs, the comparison and the verdict never do. The harness writes one JSON line per
+case and the host compares them, so early exits, SkipTest, always-equal objects, patched test
+frameworks or clocks, and forged or duplicate result lines earn nothing.
 Covered: pure functions over JSON-representable arguments and results.
 """
 

@@ -4,7 +4,7 @@ Each problem names a function, describes it, and carries a reference solution th
 on the host: the hidden tests are inputs plus the reference's outputs, computed here and never
 sent into a sandbox (the candidate sees one input at a time, never an expected value).
 `code_rows()` gives dataset rows {prompt, entry, problem, inputs, expected}; the grader in
-sandbox/grader.py runs them.
+envs/code_grader.py runs them.
 
 The problems are deliberately small (one short function each) so that a 135M-parameter model
 solves some of them some of the time: RL needs a reward that is neither always 0 nor always 1.

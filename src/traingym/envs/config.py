@@ -81,7 +81,6 @@ class TaskConfig(Strict):
     @field_validator("name")
     @classmethod
     def _known_task(cls, v: str) -> str:
-
         if v not in TASKS:
             raise ValueError(f"unknown built-in task {v!r}; choose one of {sorted(TASKS)} "
                              f"(or give task.dataset and task.reward){did_you_mean(v, TASKS)}")

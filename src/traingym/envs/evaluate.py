@@ -1,15 +1,10 @@
 """Held-out evaluation: mean reward, greedy and sampled, with standard errors over prompts.
 
-Sampled evaluation draws k samples per prompt; the standard error is over per-prompt means
-(samples of one prompt are correlated, so treating them as independent would understate it).
-A comparison of two evaluations on the same prompts uses the paired difference.
-
-pass@k (Chen et al. 2021, "Evaluating Large Language Models Trained on Code"): with n samples of
-a prompt of which c pass, the unbiased estimate of "at least one of k samples passes" is
-1 - C(n-c, k) / C(n, k), computed as a product of n-c+1..n terms (no huge binomials), averaged
-over prompts with the standard error over prompts. A sample passes when its reward reaches a
-threshold (eval/run.py: 1.0 by default, the built-in tasks' full score). The public entry
-point `traingym.evaluate(model, ...)` is eval/run.py's `evaluate`, built on this.
+Standard errors are over per-prompt means (samples of one prompt are correlated); comparisons
+on the same prompts use the paired difference. pass@k is Chen et al. 2021's unbiased
+1 - C(n-c, k) / C(n, k), computed as a product (no huge binomials); a sample passes when its
+reward reaches a threshold (1.0 by default). `traingym.evaluate(model, ...)` is eval/run.py's
+`evaluate`, built on this.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Gymnasium text environments as traingym multi-turn envs.
 
-A `gymnasium.Env` whose observation and action spaces are `gymnasium.spaces.Text` plays a chat
-with the policy: `reset()`'s observation is the first user message; each policy turn's text is
-the action given to `env.step`; its reward is that step's reward (the episode's reward is their
-sum); `terminated` or `truncated` ends the episode; otherwise the next observation is the next
-user message. The chat template, task.system_prompt and task.prefill apply as for any
-MultiTurnEnv (envs/multi_turn.py); rollout.max_turns also ends an episode.
-
-Config: `task.env = "gym:<id>"`, where <id> is what `gymnasium.make` takes; 'module:Id-v0'
-imports the module (which registers the env) first, e.g.
-`gym:traingym.envs.gym_guess:traingym/GuessNumber-v0`. Each dataset row is one episode: its
-'seed' (int) and 'options' (dict), when present, go to `env.reset`; its 'prompt', when
-non-empty, is shown before the first observation. Needs `pip install 'traingym[gym]'`.
+A `gymnasium.Env` with `spaces.Text` observation and action spaces plays a chat: `reset()`'s
+observation is the first user message, each policy turn is an action, step rewards sum, and
+`terminated`/`truncated` or rollout.max_turns ends the episode. `task.env = "gym:<id>"` (or
+'gym:module:Id-v0' to import the registering module first); a row's 'seed' and 'options' go to
+`env.reset`. Needs `traingym[gym]`.
 """
 
 from __future__ import annotations

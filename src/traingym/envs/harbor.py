@@ -1,55 +1,15 @@
-"""Harbor task folders (github laude-institute/harbor, successor of terminal-bench) as envs.
+"""Harbor task folders (github laude-institute/harbor) as single-turn envs.
 
-A Harbor task is a folder:
-
-    instruction.md       the task, in words: the prompt
-    task.toml            [verifier] timeout_sec, env; [agent] timeout_sec; [environment]
-                         memory_mb ...; and here an optional [traingym] table (below)
-    environment/         Dockerfile (NOT built here), requirements.txt (the sandbox image's lock)
-    tests/test.sh        the verifier: runs the tests and writes /logs/verifier/reward.txt
-                         (a number) or reward.json ({"reward": number, ...})
-    solution/solve.sh    the reference solution (the "oracle"); never enters the sandbox
-
-There is no Docker here. The task's environment becomes a sandbox image (sandbox/images.py):
-requirements from `environment/requirements.txt` (a pip requirements file) and/or the list
-`[traingym] requirements` in task.toml. The bwrap sandbox gives the task Harbor's fixed paths
-as links into its scratch space: /app (the working folder), /tests, /logs.
-
-One episode, single-turn: the prompt is instruction.md (chat template, task.system_prompt,
-task.prefill). The policy's answer is the first fenced code block of pre-fill + completion (or
-all of it without a fence), and then either
-- `[traingym] answer_file = "/app/solution.py"`: it is written to that file; or
-- no answer_file: it is run as a bash script in /app (as solution/solve.sh is), within
-  [agent] timeout_sec;
-then, in the same sandbox, /tests and /logs are emptied, the task's tests are copied to /tests
-(after the agent phase, as Harbor uploads them), and tests/test.sh runs from /app within
-[verifier] timeout_sec with [verifier] env. The verdict is judged on the host: the reward file
-(reward.json's "reward", else reward.txt), read after test.sh ended by itself; a killed run
-(time, memory, output) or a missing, malformed or out-of-range ([0, 1]) reward scores 0.0 and
-says why in the sample's env_info (with test.sh's exit code and output tail).
-
-Rows: `task.dataset = "harbor:<folder>"` (a task folder, or a folder of task folders) gives one
-row per task {prompt: instruction, harbor_task: its path, id: its name}; `task.env = "harbor"`.
-`check_task(folder)` runs the oracle (solve.sh as the answer) and returns its verdict.
-
-A task folder is trusted code, like a Dockerfile: its requirements (environment/
-requirements.txt, [traingym] requirements) are installed by pip on the host when its image is
-built (sandbox/images.py; a package's build scripts run there, outside any sandbox), and its
-tests/test.sh decides the reward. Run only task folders you would run yourself. A symlink in
-the folder that resolves outside it is refused (check_links).
-
-Trust model (Harbor's, not code_grader.py's): the task's tests run the model's code in their own
-process, so model code can forge a verdict (os._exit(0) under pytest, writing the reward file).
-What is kept out of reach: the reference solution; the tests during the agent phase; test.sh
-itself (run from memory, so editing the file changes nothing); a reward file left by the agent
-phase (emptied first, read-only folders included; where that fails the answer scores 0.0).
-Use envs/code_env.py where the grading must resist a hostile model.
-
-Not supported: building the Dockerfile or `docker_image` (files it would copy into the image
-are absent), network (never; `allow_internet` is ignored), multi-container tasks, agent
-terminals (tmux sessions, multi-turn command use), GPUs and `cpus`, per-step (multi-step)
-tests, `${VAR}` templates in [verifier] env, installs in test.sh (`pip`/`uv`/`apt` have no
-network: declare requirements instead). Needs the bwrap backend (the fixed paths).
+A task folder holds instruction.md (the prompt), task.toml (timeouts, env, optional [traingym]
+table), environment/requirements.txt (the sandbox image, sandbox/images.py; no Docker),
+tests/test.sh (writes /logs/verifier/reward.txt or reward.json) and solution/solve.sh (the
+oracle, never in the sandbox). The answer's first fenced block is written to
+`[traingym] answer_file` or run as bash in /app; then test.sh runs in the same bwrap sandbox and
+the reward file is read on the host (killed, missing or out-of-range [0, 1] scores 0.0).
+Trust: task folders are trusted code (pip installs on the host); model code can forge a verdict
+inside the tests, so use envs/code_env.py where grading must resist a hostile model.
+Not covered: Dockerfiles/docker_image, network, multi-container, agent terminals, GPUs,
+multi-step tests, `${VAR}` in [verifier] env. Needs the bwrap backend (fixed /app, /tests, /logs).
 """
 
 from __future__ import annotations

@@ -1,42 +1,14 @@
-"""LLM judges: a reward from a language model's verdict on each completion, served by any
-engine of the engine seam (rollout/registry.py): the built-in torch engine on a local model or
-checkpoint, vllm, or the read-only `openai` engine pointed at an OpenAI-compatible URL.
+"""LLM judges: a reward from a language model's verdict on each single-turn completion, served by
+any engine of the engine seam (rollout/registry.py: torch, vllm, or `openai` at a URL).
 
-Config (`[task.judge]`, a JudgeConfig): the engine and its options, the judge's model, a prompt
-template with {prompt} (the row's prompt; chat messages as 'role: content' lines),
-{completion} (task.prefill + the policy's completion) and {answer} (the row's 'answer'), plain
-(a conversion or format spec such as {answer!r} is refused), a parse
-rule, max_tokens, temperature, timeout_s and `on_failure`. The episode is single-turn (the
-JudgeEnv here): the policy answers, the judge scores; task.reward is not used.
-
-Parse rules (`parse`, envs/judge_config.py), applied to the judge's decoded answer:
-- 'yes_no': the answer's first word (after any leading punctuation) must be 'yes' or 'no'
-  (any case) -> 1.0 / 0.0; anything else ('I think yes') does not parse;
-- 'number': the first number (e.g. '7', '-2.5', '.5', '1e3') -> its value;
-- 'regex:<pattern>': the first match of the pattern; its first group (or the whole match when
-  it has none) must be a number -> its value.
-`score_range = [lo, hi]` rejects a parsed score outside it. The reward is the score.
-
-Failures: the engine call raising, passing `timeout_s`, or an answer the rule cannot parse
-(or out of range). `on_failure` says what such a sample counts as, never a silent 0:
-- 'error' (default): the run stops with a JudgeError naming the sample and the reason;
-- 'score:<x>': reward x, the failure recorded;
-- 'drop': the sample is marked (StepResult.drop, Sample.drop_reason): its group is left
-  out of the training batch and counted in groups_dropped (algorithms/base.py), and
-  evaluation leaves the sample out of its prompt's mean (evaluate.py).
-Every judged sample records, in its env_info (samples.jsonl), {'judge': {'prompt', 'answer',
-'score', 'failure', 'reward', 'batch'}}: the judge's prompt text, its raw answer (None when the
-call failed), the parsed score, the failure reason (None when it worked), the reward given
-and how many samples shared the engine call.
-
-Batching: the judge calls of one turn of one collection go to the engine as one
-`generate` call (the runner steps every episode of the batch concurrently; the judge waits
-until no further request arrives within the loop's pending callbacks, then sends them all).
-One Judge (engine + tokenizer) is built per event loop of the run, on first use, and closed
-with that loop (envs/resources.py): the training runner and each evaluation build their own.
-
-Not covered: judging multi-turn episodes; pairwise or group-relative judging (use
-task.group_reward over the judged samples); a judge engine shared across runs.
+Config is `[task.judge]` (envs/judge_config.py): engine, model, a prompt template over
+{prompt}, {completion} and {answer}, a parse rule ('yes_no', 'number', 'regex:<pattern>'),
+score_range, and `on_failure` ('error' stops the run, 'score:<x>', 'drop' leaves the group
+out), so a failed call or unparsable answer is never a silent 0. Each sample's env_info records
+the judge's prompt, answer, score, failure and batch size. One turn's judge calls go to the
+engine as one `generate` call; one Judge per event loop (envs/resources.py).
+Not covered: multi-turn episodes, pairwise or group-relative judging (use task.group_reward),
+a judge engine shared across runs.
 """
 
 from __future__ import annotations
@@ -101,7 +73,6 @@ class Judge:
     it (module docstring). `calls` counts engine.generate calls (tests, logs)."""
 
     def __init__(self, cfg: JudgeConfig, engine, tokenizer):
-
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.stop_ids = stop_token_ids(tokenizer)
         self.calls = 0
@@ -159,7 +130,6 @@ class Judge:
         return score
 
     async def _generate(self, texts: list[str]) -> list[str]:
-
         params = SamplingParams(temperature=self.cfg.temperature,
                                 max_new_tokens=self.cfg.max_tokens, stop_token_ids=self.stop_ids)
         requests = []
@@ -215,12 +185,10 @@ class JudgeEnv:
         self._done = False
 
     async def reset(self):
-
         self._obs = Observation(self.renderer.ids(self.example), self.renderer.text(self.example))
         return self._obs
 
     async def step(self, completion):
-
         if self._obs is None or self._done:
             raise RuntimeError("JudgeEnv is single-use: reset() once, then step() once")
         self._done = True

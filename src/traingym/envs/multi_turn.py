@@ -1,23 +1,13 @@
 """Multi-turn chat environments: the environment answers, the policy continues.
 
-Subclass MultiTurnEnv and write `async def respond(self, text: str) -> Reply`: it gets the text
-of the policy's latest turn and returns the messages the environment says next (user or tool
-messages) with this step's reward, or `done=True` with the last one. The base class keeps the
-episode as token ids (envs/transcript.py): the first prompt is rendered with the chat template;
-each reply is rendered with the chat template as a continuation (envs/render.py) and its ids
-are appended, so the policy's sampled tokens are never decoded and re-encoded into the
-context. A policy turn cut at max_new_tokens is closed by the environment: the end-of-turn
-token is then an environment token (masked out of the loss).
-
-The run builds envs with a maker `(example, renderer) -> Env` (a class like the ones here, or
-a module-level function); BoundFactory pairs it with the run's renderer into a picklable
-EnvFactory.
-
-Covered: chat templates that render each message independently of the later ones (ChatML:
-SmolLM2, Qwen2/2.5, the tiny test model). Not covered: templates that rewrite earlier turns
-(Qwen3 dropping old <think> blocks): the context keeps what the policy wrote, by design, so it
-then differs from a full re-render. Environment text containing special-token strings is
-encoded as those special tokens.
+Subclass MultiTurnEnv and write `async def respond(self, text) -> Reply` (the next user or tool
+messages, the step's reward, or done). The episode is kept as token ids (envs/transcript.py):
+each reply is rendered as a continuation (envs/render.py) and appended, so the policy's tokens
+are never decoded and re-encoded. A turn cut at max_new_tokens is closed by an environment
+end-of-turn token (masked out of the loss). BoundFactory pairs a maker with the run's renderer.
+Covered: templates that render each message independently of later ones (ChatML).
+Not covered: templates that rewrite earlier turns (Qwen3 dropping old <think>); the context
+keeps what the policy wrote, by design. Special-token strings in env text encode as specials.
 """
 
 from __future__ import annotations

@@ -1,34 +1,13 @@
-"""OpenEnv environments (HTTP/WebSocket servers, github meta-pytorch/OpenEnv) as multi-turn envs.
+"""OpenEnv environments (github meta-pytorch/OpenEnv, HTTP/WebSocket servers) as multi-turn envs.
 
-The wire protocol, read from `openenv.core.env_server.http_server` (openenv 0.10): an episode is
-one WebSocket session at `/ws` (the server makes one env instance per connection); the client
-sends `{"type": "reset", "data": {"seed": ..., ...}}` and `{"type": "step", "data": {<action
-fields>}}`, the server answers `{"type": "observation", "data": {"observation": {...}, "reward":
-float | None, "done": bool}}` or `{"type": "error", "data": {"message": ..., "code": ...}}`;
-`{"type": "close"}` ends the session. `GET /health` and `GET /schema` (the action's JSON schema)
-are plain HTTP. (The server's HTTP `POST /reset` and `/step` build a fresh env per request, so a
-multi-step episode needs the WebSocket session.)
-
-Mapping: the reset observation is the first user message (after the row's 'prompt' when it is
-non-empty); each policy turn's text is the action's text field; the step's `reward` (None: 0.0)
-counts toward the episode's reward (their sum); `done` ends the episode, otherwise the next
-observation is the next user message; rollout.max_turns also ends it. An observation's text is
-its `observation_field`, or its only string field, or else its fields as JSON. The action field
-is `action_field`, or the action schema's only string field. The row's 'seed' and 'options'
-(a dict of extra reset arguments) go to reset.
-
-The server: `task.env = "openenv:<module>:<app>"` starts `python -m uvicorn <module>:<app>` on
-127.0.0.1 at a free port (the app from the current folder or `app_dir`), waits for `/health`,
-and stops it (its process group) when the run ends; `"openenv:http://host:port"` reaches a
-running server instead. One server per run and event loop (envs/resources.py). A server that
-dies or closes the session mid-episode is an OpenEnvError naming the env, the row and the
-server's exit code and last output; so is an error answer. Needs `pip install
-'traingym[openenv]'` (the websockets client; the `openenv` package for servers built with it).
-
-Not covered: OpenEnv's MCP tool sessions (`/mcp`), Docker/Hub providers (`from_docker_image`,
-`from_env`: no Docker here), non-text actions or observations (images, tokens). The server's
-`max_concurrent_envs` must admit every episode of a collection at once (prompts_per_step x
-group_size): the rollout runner steps all episodes of a collection in lockstep.
+An episode is one WebSocket session at `/ws` (reset, step, close; the HTTP /reset and /step
+build a fresh env per request, so multi-step needs the session). The reset observation is the
+first user message, each policy turn is the action's text field, step rewards sum (None: 0.0),
+and `done` or rollout.max_turns ends the episode. `task.env = "openenv:<module>:<app>"` starts
+a uvicorn server for the run; `"openenv:http://host:port"` reaches a running one. A dead server
+or error answer is an OpenEnvError. Needs `traingym[openenv]`.
+Not covered: MCP tool sessions, Docker/Hub providers, non-text actions or observations. The
+server's max_concurrent_envs must admit a whole collection (prompts_per_step x group_size).
 """
 
 from __future__ import annotations

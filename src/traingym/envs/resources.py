@@ -1,31 +1,14 @@
-"""What one run's envs keep across episodes, owned by that run: warm sandbox pools (one per
-event loop, backend and limits), the sandbox workers' client, per-prompt draw counts, a
-connection. Two runs in one process (one after the other, or at once in two threads or two
-event loops) never share any of it, and closing one run closes only its own.
+"""What one run's envs keep across episodes: warm sandbox pools (per event loop, backend and
+limits), the sandbox workers' client, per-prompt draw counts. Two runs in one process never
+share any of it, and closing one run closes only its own.
 
-Who makes a `RunResources`, and who closes it:
-- sync mode: `build_run` (run.py) makes one per run; the run's training runner and its
-  evaluation runners (evaluate.py) share it; `Run.close` closes it;
-- async mode: each engine process (cluster/engine_process.py) makes its own, with the sandbox
-  workers' client when `cluster.sandbox_workers` is set; a Ray engine actor runs the same code,
-  so each actor has its own; the engine closes it when it stops serving;
-- a `RolloutRunner` given none makes and closes its own (a test, a one-off evaluation).
-
-How an env reaches it: `current()`, inside an episode. The runner makes its resources current
-for every coroutine of a collection (a `contextvars.ContextVar` set in the collecting task and
-inherited by the tasks it starts). A ContextVar, not an argument, because the user-facing env
-protocol (envs/base.py: a maker `(example, renderer) -> Env`, `reset()`, `step()`) has no place
-for it, and envs that keep nothing should not have to take one. A ContextVar belongs to a task,
-so two runners in one thread, or two loops in two threads, each see their own.
-
-Objects bound to an event loop (a SandboxPool's asyncio tasks and pipes) are kept per loop
-(`keep_on_loop`) and closed, in the order they were made, by the runner that owns the loop
-(`close_loop`) before the loop stops; `close()` then forgets the rest and refuses later use.
-Outside a runner (a script or test that steps an env itself), `async with RunResources():`
-makes one current and closes it at the end of the block.
-
-Not covered: sharing one pool between runs on purpose; closing objects of a loop whose runner
-never closed it (`close()` names them instead, as a leak is a bug).
+Owners: loop/build.py's run (sync mode), each engine process (async mode), or a RolloutRunner
+given none. Envs reach it through `current()`, a ContextVar rather than an argument, because
+the env protocol (envs/base.py) has no place for it and envs that keep nothing should not take
+one. Loop-bound objects are kept per loop (`keep_on_loop`) and closed by the loop's runner
+(`close_loop`); outside a runner, use `async with RunResources():`.
+Not covered: sharing one pool between runs on purpose; objects of a loop whose runner never
+closed it (`close()` names them, as a leak is a bug).
 """
 
 from __future__ import annotations
@@ -43,7 +26,6 @@ T = TypeVar("T")
 class SandboxClient(Protocol):
     """Sandboxes elsewhere (cluster/ray_sandboxes.py's RemoteSandboxes): `pool` returns an
     object with SandboxPool's `session()` / `exec()` shape."""
-
     def pool(self, backend: str, limits: Any) -> Any: ...
 
 

@@ -1,22 +1,13 @@
 """Collect groups of scored episodes: G envs per prompt, one batched engine call per turn.
 
-Each example gets G single-use envs. Their first observations must be the same prompt (the
-group shares it); the first turn samples all G completions of a prompt in one request, so the
-prompt is prefilled once. A later turn of a multi-turn episode continues that episode's own
-context: prompt + completions + environment tokens, appended as ids (envs/transcript.py checks
-that every observation strictly extends the context). All live episodes of all groups go to the
-engine together, one call per turn. Environment steps run concurrently (asyncio), so slow
-reward code, tools or sandboxes overlap.
-
-An episode ends when its env says done, after `max_turns` policy turns, or when the next
-observation would leave no room for a policy token under `max_context_tokens`; in the last two
-cases the env's next observation is dropped, so every sample ends with policy tokens. A
-sample's reward is the sum of its episode's step rewards; an optional group hook then rescores
-the G samples of each group together. What envs keep across episodes (a warm sandbox pool)
-belongs to the runner's run (envs/resources.py): the runner makes those resources current in
-every episode and closes the part bound to its loop when it closes.
-
-Not covered: continuous batching (a slow env step holds up the next turn of every episode);
+The G episodes of a prompt share its first observation, so the first turn samples all G in one
+request and prefills once; later turns extend each episode's own token context
+(envs/transcript.py checks the prefix). All live episodes go to the engine together; env steps
+run concurrently. An episode ends on done, `max_turns`, or `max_context_tokens` (then the env's
+next observation is dropped, so every sample ends with policy tokens). A sample's reward is the
+sum of its step rewards, optionally rescored per group. The runner makes its run's resources
+current in every episode (envs/resources.py).
+Not covered: continuous batching (a slow env step holds up every episode's next turn);
 episodes that branch or rewrite their context.
 """
 

@@ -1,24 +1,13 @@
 """Tool use: tools are plain typed Python functions; the policy calls them in its own turns.
 
-A tool is a function (sync or async) with type hints and a Google-style docstring whose `Args:`
-section describes each parameter; transformers' `get_json_schema` turns it into the JSON schema
-given to the chat template as `tools=`. When the template ignores `tools` (SmolLM2's, the tiny
-test model's), the schemas go into a system message in the Hermes / Qwen2.5 wording instead;
-the first observation's text shows which.
-
-Tool calls are parsed from the policy's turn by a pluggable parser; the default reads the
-Hermes / Qwen / SmolLM2 convention `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
-The first turn is parsed with the pre-fill (`task.prefill`) in front, as the assistant's
-message holds it: a pre-fill may open a tool call for the policy to finish.
-Each call's result goes back as a `tool` message rendered with the chat template. A turn with
-no tool call ends the episode and is scored by `reward(sample) -> float` over the whole
-episode. Malformed calls (bad JSON, an unclosed tag, an unknown tool, missing, extra or
-mistyped arguments) and tools that raise become an "Error: ..." tool result the policy sees;
-the episode goes on. Calls of one turn run concurrently; a sync tool runs on the event loop,
-so a slow one should be async.
-
-Not covered: timeouts for tools (give an async tool its own), streaming results, parallel-call
-ids (`tool_call_id`) for templates that require them.
+A tool's type hints and Google-style `Args:` docstring become its JSON schema (transformers'
+`get_json_schema`), passed to the chat template as `tools=`, or as a Hermes-style system
+message when the template ignores `tools`. Calls are parsed by a pluggable parser (default
+`<tool_call>{...}</tool_call>`), with task.prefill in front so a pre-fill may open a call.
+Results go back as `tool` messages; a turn without a call ends the episode, scored by
+`reward(sample)`. Malformed calls and raising tools become an "Error: ..." result the policy
+sees. Calls of one turn run concurrently; a sync tool blocks the event loop.
+Not covered: tool timeouts (give an async tool its own), streaming results, `tool_call_id`.
 """
 
 from __future__ import annotations

@@ -243,7 +243,6 @@ class VerifiersEnv(MultiTurnEnv):
         return event
 
     async def reset(self):
-
         if self.transcript is not None:
             raise RuntimeError("VerifiersEnv is single-use: reset() once")
         loop = asyncio.get_running_loop()

@@ -5,7 +5,7 @@
     traingym runs [DIR]                          # status, steps, last reward, held-out change
     traingym export CHECKPOINT OUT [--dtype bfloat16]
 
-MODEL and A/B are specs as eval_specs.py reads them ('embedded', 'tiny', a model folder, a run
+MODEL and A/B are specs as eval/specs.py reads them ('embedded', 'tiny', a model folder, a run
 directory, a checkpoint folder; 'base' in a comparison). The eval config: --config/--preset if
 given, else the run's own config when the model is (or, comparing, B or A is) part of a run,
 else the default; --set overrides apply last. Module-level imports stay light (argparse only).
@@ -67,7 +67,7 @@ def _pass_k(text: str) -> tuple[int, ...]:
 
 
 def _config(args, run_dir: Path | None):
-    """The eval config the flags ask for, or None (eval_run picks the run's or the default)."""
+    """The eval config the flags ask for, or None (eval/run.py picks the run's or the default)."""
     from traingym.config.load import (  # heavy: pydantic, safetensors, torch
         _merge,
         build_config,
@@ -134,7 +134,6 @@ def _eval(args) -> int:
 
 
 def _runs(args) -> int:
-
     runs = find_runs(args.dir)
     print(table(runs) if runs else f"no runs under {args.dir}")
     return 0

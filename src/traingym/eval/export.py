@@ -1,18 +1,11 @@
 """`traingym export CHECKPOINT OUT`: a checkpoint as a plain Hugging Face model folder.
 
-CHECKPOINT is a committed checkpoint folder (verified against its manifest) or a run directory
-(its latest committed checkpoint). The run's config names the base model; its architecture and
-tokenizer are loaded as the run loaded them (models/loader.py), the checkpoint's weights put in,
-and the folder written by transformers' own writers: `model.safetensors` (+ index when sharded)
-and `config.json` (save_pretrained), the tokenizer files with the chat template
-(tokenizer.save_pretrained), and `generation_config.json` (the base model's own where it has
-one, else end-of-turn, padding and start tokens from the tokenizer). Nothing traingym-specific
-is added, so `AutoModelForCausalLM.from_pretrained(OUT)`, `AutoTokenizer.from_pretrained(OUT)`
-and vLLM load it unchanged. The folder is written under a temporary name beside OUT and renamed
-into place at the end; an OUT that exists and is not empty is refused.
-
-Weights are written in the checkpoint's dtype (float32 master weights) unless `dtype` says
-otherwise ("bfloat16", "float16"). Not covered: LoRA adapters, sharding options, pushing to a hub.
+CHECKPOINT is a committed checkpoint (verified against its manifest) or a run directory (its
+latest). The base model is loaded as the run loaded it (models/loader.py), the weights put in,
+and everything written by transformers' own writers with nothing traingym-specific, so
+`from_pretrained` and vLLM load it unchanged. Written beside OUT and renamed into place; a
+non-empty OUT is refused. Weights keep the checkpoint's dtype (float32) unless `dtype` says.
+Not covered: LoRA adapters, sharding options, pushing to a hub.
 """
 
 from __future__ import annotations
@@ -49,7 +42,7 @@ def export(source: str | Path, out: str | Path, dtype: str | None = None) -> Pat
                                 "give RUN_DIR/checkpoints/step_N or a run directory")
     cfg = run_config(spec.run_dir)
     model, tok = load_policy(cfg.model.path, seed=cfg.seed)
-    load_weights(model, cfg, spec.checkpoint)  # a LoRA run's: merged (eval_specs.py)
+    load_weights(model, cfg, spec.checkpoint)  # a LoRA run's: merged (eval/specs.py)
     if dtype is not None:
         model.to(getattr(torch, dtype))
     base = resolve_path(cfg.model.path)

@@ -1,27 +1,14 @@
 """`traingym.evaluate(...)` and `traingym eval`: a model, checkpoint or endpoint on a task.
 
-An eval repeats what a run's held-out evaluation does (run.py Run.evaluate): greedy (1 sample)
-and sampled (eval.samples_per_prompt samples at rollout.temperature) episodes of every eval
-row, at rollout.max_new_tokens, ending at the end-of-turn token, with the run's episode limits
-and group hook, seeded by `seed` (default: the config's seed + 7, the run's eval seed). It
-reports the mean reward of each with its standard error over prompts, and pass@k (evaluate.py)
-over the sampled episodes for each k (a sample passes when its reward >= `pass_threshold`).
-The engine is `rollout.engine` built through the engine registry (any registered engine, an
-OpenAI endpoint via rollout.engine="openai" and its engine_options); which model, config and
-rows are used is decided in eval_specs.py, which also refuses eval prompts that were training
-prompts of the run under test.
-
-The eval folder (`out`, which must be empty or absent) holds `samples.jsonl` (one record per
-episode: mode, prompt index, sample index, prompt, completion, reward, passed, finish reason,
-prompt and completion token ids, the row) and `summary.json` (the model, engine, config, seed,
-a hash of the eval prompts, scores with their per-prompt values, pass@k, the overlap check).
-
-`compare(a, b)`: each side an eval folder or a model spec; specs are evaluated on the same rows
-with the same config and seed. The result is B - A, paired over prompts, per metric, with its
-standard error; eval folders must hold the same prompts (their hashes must match).
-
-Not covered: per-sample token log-probs in the records, evaluation sharded across engines or
-processes, pass@k over greedy samples (one sample: it is the greedy mean).
+Repeats a run's held-out evaluation (loop/build.py Run.evaluate): greedy and sampled episodes of
+every eval row with the run's limits and seed, reporting each mean reward with its standard
+error over prompts and pass@k (envs/evaluate.py). The engine comes from the engine registry;
+which model, config and rows are used is decided in eval/specs.py, which also refuses eval
+prompts that were training prompts of the run under test. The output folder holds
+samples.jsonl and summary.json. `compare(a, b)` gives B - A paired over prompts, with its
+standard error, on the same rows.
+Not covered: per-sample token log-probs in the records, evaluation sharded across engines,
+pass@k over greedy samples (one sample: it is the greedy mean).
 """
 
 from __future__ import annotations
@@ -89,7 +76,7 @@ def evaluate(model: str | Path | ModelSpec = "embedded", *, config=None, dataset
              engine_options: dict | None = None, pass_k: tuple[int, ...] = (1,),
              pass_threshold: float = 1.0, seed: int | None = None, out: str | Path | None = None,
              allow_overlap: bool = False) -> EvalResult:
-    """Evaluate `model` (eval_specs.py: 'embedded', 'tiny', a model folder, a checkpoint or
+    """Evaluate `model` (eval/specs.py: 'embedded', 'tiny', a model folder, a checkpoint or
     run directory) on `dataset` rows (a list or a .jsonl path; default: the config's eval
     rows) with `reward` or `env`; `engine`/`engine_options` override rollout.engine. Writes
     the eval folder when `out` is given."""
@@ -154,7 +141,6 @@ def _threads(cfg: Config) -> int:
 
 
 def _run(cfg: Config, engine, tok, factory, group, rows, seed) -> dict[str, list]:
-
     r = cfg.rollout
     out = {}
     for name, temp, k in (("greedy", 0.0, 1), ("sampled", r.temperature,

@@ -1,21 +1,11 @@
 """What `traingym eval` evaluates: a model spec, its eval config and rows, the engine, and the
 check that eval prompts were not training prompts of the run under test.
 
-A model spec is one of those models/spec.py resolves ('embedded', 'tiny', a Hugging Face
-model folder, a checkpoint folder `RUN/checkpoints/step_N`, a run directory) or, inside a
-comparison, "base": the base model (model.path) of the other side's run.
-
-The eval config is the run's own config for a checkpoint or run directory (so an eval
-repeats the run's held-out evaluation: same rows, seed, temperature, samples, token limit),
-else the one given (or the default). Eval rows: an explicit dataset, else task.eval_dataset,
-else the built-in task's held-out rows (eval.num_prompts of them), cut to eval.num_prompts.
-
-Overlap check: the training rows of a run are those its config names (task.dataset, or the
-built-in task split by its eval.num_prompts). A run whose rows came through the Python API
-(`train(dataset=...)`) has no record of them but the few examples samples.jsonl keeps per step
-(observability/events.py); when those are not among the config's rows, only they are checked
-and the summary says the check was partial. Prompts are compared exactly (the row's prompt,
-string or message list), not fuzzily.
+A model spec is anything models/spec.py resolves, or "base" (the other side's base model) in a
+comparison. A checkpoint or run directory brings its own config, so an eval repeats the run's
+held-out evaluation. Overlap is checked exactly (not fuzzily) against the rows the run's config
+names; a run fed through the Python API has only the per-step examples in samples.jsonl, and
+the summary then says the check was partial.
 """
 
 from __future__ import annotations

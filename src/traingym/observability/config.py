@@ -25,6 +25,5 @@ class ObservabilityConfig(Strict):
 
     @model_validator(mode="after")
     def _sinks_known(self) -> ObservabilityConfig:
-
         check(self.sinks, self.sink_options)  # names, options, installed extras
         return self

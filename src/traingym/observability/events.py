@@ -1,15 +1,10 @@
-"""The run directory's logs: events.jsonl (one object per step, the source of truth) and
-samples.jsonl (every sample of a few groups per step, for the dashboard's samples browser),
-both in the versioned schema of observability/schema.py (docs/events.md). Each step record
-goes to events.jsonl first, then to the config's sinks (observability/sinks.py), which never
-stop the run.
-
-Samples: `samples_per_step` groups per step (0: none), all G samples of each, with a stable
-`sid` ('<step>-<group index>-<member>'). A multi-turn episode's completion is split into its
-policy and environment turns by the loss mask and decoded turn by turn; tool calls are
-parsed from the policy turns in the Hermes format (ToolTask's default parser); what the env
-reported in StepResult.info (a code env's sandbox verdict) comes as `env_info`. Not covered:
-tool calls in another parser's format (they stay in the turn text).
+"""The run directory's logs: events.jsonl (one record per step, the source of truth) and
+samples.jsonl (every sample of `samples_per_step` groups per step, for the dashboard), in the
+schema of observability/schema.py. Each step record goes to events.jsonl first, then to the
+sinks (observability/sinks.py), which never stop the run. A sample has a stable `sid`
+('<step>-<group>-<member>'); multi-turn completions are split into turns by the loss mask and
+Hermes-format tool calls parsed; StepResult.info comes as `env_info`.
+Not covered: tool calls in another parser's format (they stay in the turn text).
 """
 
 from __future__ import annotations

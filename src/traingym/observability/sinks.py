@@ -1,19 +1,11 @@
-"""Metric sinks beside events.jsonl: the seam, its registry, and the set a run writes to.
+"""Metric sinks beside events.jsonl: the seam, its `SINKS` registry, and the set a run writes to.
 
-events.jsonl is the source of truth (observability/events.py writes it first); a sink copies
-each step record's numbers somewhere people already look (TensorBoard, Weights & Biases,
-MLflow). Sinks are chosen by `observability.sinks` (a name in the `SINKS` Registry or a
-"module:Class" path), with per-sink options in `observability.sink_options`; a sink is one
-file (sink_<name>.py) plus one line in SINKS.
-
-Names, options and the sink's packages are checked when the config is built (`check`), so a
-typo or a missing extra fails before any work starts. At run time a sink that raises (in open,
-log or close) is reported once, one line on stderr naming the sink and the error, and dropped:
-the run goes on, and events.jsonl still has every step.
-
-Covered: numbers only (ints and finite floats; booleans, strings, lists and None are not
-metrics and stay in events.jsonl). SFT-phase records go under `sft/` with `sft_step` as step.
-Not covered: samples, traces and checkpoints as sink artifacts (the run directory holds them).
+events.jsonl is the source of truth; a sink copies each step record's numbers to TensorBoard,
+W&B, MLflow or a "module:Class". Names, options and packages are checked when the config is
+built, so a typo or a missing extra fails before any work; a sink that raises at run time is
+reported once and dropped, and the run goes on. SFT-phase records go under `sft/`.
+Covered: numbers only (ints and finite floats).
+Not covered: samples, traces and checkpoints as sink artifacts.
 """
 
 from __future__ import annotations
@@ -35,9 +27,7 @@ class Sink(Protocol):
 
     def open(self, run_dir: Path, config: dict[str, Any], options: dict[str, Any]) -> None:
         """`config`: the run's resolved config as JSON (what a tracker records as params)."""
-
     def log(self, step: int, record: dict[str, float]) -> None: ...
-
     def close(self) -> None: ...
 
 

@@ -1,34 +1,13 @@
-"""Utilisation from the trace: how much of a window each component was busy, and what it
-waited on. Computed from the spans alone (observability/trace.py), so it needs
-`observability.trace` on; with it off the keys are absent.
+"""Utilisation from the trace: how much of a window each component was busy, and what it waited
+on. Computed from the spans alone (core/trace.py), so the keys are absent without
+`observability.trace`.
 
-Per step (keys of each events.jsonl record; the window is the step, from taking its first
-group to its record):
-- `util_trainer_busy`: fraction of the step the trainer process spent training, publishing
-  weights or checkpointing (union of its spans of categories trainer, weights, checkpoint);
-- `util_engines_busy`: mean over engines of the fraction of the step each spent generating
-  (spans "generate"; sync mode: the trainer's own in-process engine; `null` when none ran);
-- `wait_trainer_on_rollout_s`: seconds of the step the trainer waited for groups (its
-  "collect" span: in sync mode the rollouts it ran itself, in async mode the wait for the
-  engines' results);
-- `wait_engines_on_weights_s`: seconds engines held a job they could not start because the
-  weights it needs had not arrived, or waited for their first weights (spans "wait_weights",
-  summed over engines);
-- `wait_sandbox_queue_s`: seconds environments waited for a sandbox from the warm pool (spans
-  "sandbox_acquire", summed over concurrent waits);
-- `util_env_s`: seconds spent in environment calls (reset, step, reward), summed over
-  concurrent calls (so it may exceed the step's length).
-
-At the end of a run, `summary(run_dir)` gives results.json's `utilisation`: over the training
-steps (from the first step's start to the last one's end; evaluation before and after is
-outside) each process's busy and idle seconds and fraction and its
-waits, and `line()` the one printed line.
-
-Limits: a span is counted once it has ended and its line is read, clipped to the window; an
-engine span still running when a step's record is written counts in the next step for the
-part inside it, so per-step engine figures can lag a little behind. Busy means "inside a
-span of that kind": time in Python between spans counts as idle. A restarted engine is a new
-process; its predecessor counts as idle from its end.
+Per step: util_trainer_busy, util_engines_busy, wait_trainer_on_rollout_s,
+wait_engines_on_weights_s, wait_sandbox_queue_s, util_env_s (summed over concurrent calls, so
+it may exceed the step). `summary(run_dir)` gives results.json's `utilisation` over the
+training steps; `line()` the printed line.
+Limits: a span counts once ended and read, clipped to the window, so per-step engine figures
+can lag a step; time between spans counts as idle; a restarted engine is a new process.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """`traingym plan`: what a run's config would do on a target GPU cluster, predicted by the
-pipeline simulator (cluster/simulate.py) before any cluster time is spent.
+pipeline simulator (plan/simulate.py) before any cluster time is spent.
 
-Inputs, and where each comes from:
-- the traingym config: the model's size (model.preset's count, models/presets.py; else
-  model.path: 'tiny', 'embedded' or a Hugging Face folder's config.json, counted on torch's
-  meta device, no weights loaded), the weights'
-  wire dtype (model.engine_dtype), prompts_per_step x group_size, rollout.max_new_tokens
-  (every completion is taken to be that long: an upper bound unless rollout.ignore_eos),
-  whether the task runs an env (task.env) or a reward function, and cluster.sandbox_workers;
-- flags (what a config cannot know): the target cluster (TargetCluster: GPUs, a GPU preset or
-  measured rates, links, sandbox pool), the prompt length, the env latency (median, p99, cut);
-- the delta codec's figures measured by benchmarks/weight_sync.py (bytes per changed element
-  with the wire frame, encode + target hash and decode + two hashes on one core, the state
-  hash), read from its result file (`codec_figures`).
-The configurations compared, the GPU presets and the plan's limits: cluster/planner.py.
-Imports are late: this module is imported by `traingym --help`.
+The config gives the model's size (counted on torch's meta device, no weights loaded), wire
+dtype, step shape and rollout.max_new_tokens (taken as every completion's length: an upper
+bound); flags give what a config cannot know (the target cluster, prompt length, env latency);
+the delta codec's figures come from benchmarks/weight_sync.py's result file (`codec_figures`).
+Candidates, GPU presets and limits: plan/planner.py. Imports are late because
+`traingym --help` imports this module.
 """
 
 from __future__ import annotations

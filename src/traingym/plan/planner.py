@@ -1,26 +1,13 @@
-"""The plan behind `traingym plan` (plan.py is the command): the target cluster and its rates,
-one RL step of the run (Workload), the delta codec's measured figures, the configurations
-compared, and each one sized on the cluster by the pipeline simulator (cluster/simulate.py).
-
-Configurations compared (`candidates`): sync colocated (every GPU trains, then generates;
-weights in place) and async at max staleness 1 and 2 (and the config's own), each with full
-and delta weights fanned out over tcp by one sender, plus full weights over an InfiniBand
-broadcast ('dist', weights/dist.py), shown for reference: a row whose transport the config
-rejects for that mode is marked not runnable with the config's reason, and the best
-configuration is chosen among runnable rows only. For each row simulate.size_cluster picks
-the trainer/engine split and the smallest sandbox pool within 2% of the given pool's rate.
-
-Limits: the GPU preset's rates are published figures for an 8B model on H100 (GPU_PRESETS,
-each with its source), scaled by REFERENCE_PARAMS / params to the config's model (compute and
-memory traffic per token grow with the parameters); far below 1B parameters fixed overheads
-dominate and the scaled rates are far too high: pass measured rates. The trainer's
-gradients are all-reduced in fp32 (traingym keeps fp32 master weights), the engines use
-gpus_per_engine GPUs each with ideal scaling, the codec's rates are one core of the machine
-that measured them at its measured changed fraction (learning rate and model dependent).
-traingym's trainer and built-in engine run on CPU today: the plan predicts the pipeline's
-rules (admission, staleness bound, weight sync, sandbox pool) at GPU rates, not a run that
-this version of traingym places on GPUs. Everything simulate.py leaves out (its docstring).
-Imports are late: plan.py imports this module, and `traingym --help` imports plan.py.
+"""The plan behind `traingym plan` (plan/cli.py): the target cluster and its rates, one RL step
+(Workload), the delta codec's figures, and candidate configurations (sync colocated; async at
+staleness 1, 2 and the config's own; full or delta weights over tcp; a 'dist' broadcast for
+reference), each sized by plan/simulate.py's size_cluster. Rows whose transport the config
+rejects are marked not runnable, and the best is chosen among runnable rows only.
+Limits: GPU preset rates are published 8B-on-H100 figures scaled by REFERENCE_PARAMS / params,
+far too high below 1B parameters (pass measured rates); ideal scaling across gpus_per_engine;
+codec rates are one core's. traingym's trainer and built-in engine run on CPU, so the plan
+predicts the pipeline's rules at GPU rates, not a run placed on GPUs. See also
+plan/simulate.py's limits. Imports are late because `traingym --help` imports plan/cli.py.
 """
 
 from __future__ import annotations

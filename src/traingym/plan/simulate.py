@@ -1,46 +1,14 @@
-"""A seeded discrete-event simulator of the RL pipeline, sync or async, for sizing a cluster
-and for checking the local runs against a model of them.
+"""A seeded discrete-event simulator of the RL pipeline (sync or async), for sizing a cluster
+and checking local runs against a model of them.
 
-What it models, mirroring async_loop.py and cluster/engine_process.py:
-- engines (rollout GPUs): each runs one batch at a time over every request parked with it; a
-  batch of R rows takes gen_fixed_s + gen_row_s x R + decode, where decode is
-  completion_tokens x max(R / engine_tokens_per_s, 1 / seq_tokens_per_s): bound by the
-  engine's aggregate decode rate at large batch, by one sequence's rate at small batch (each
-  term 0 when its rate is 0). Before each batch an engine applies the newest weights that
-  have arrived (apply_s; an idle engine applies them on arrival);
-- environments: every sample's step takes lognormal(median env_median_s, sigma env_sigma),
-  cut at env_timeout_s, after its batch ends, in a pool of env_workers slots (0: unlimited):
-  steps queue FIFO for the first free slot; a group is done when its slowest sample is;
-- the trainer: trainer_gpus data-parallel ranks; a step takes train_s + tokens of the step /
-  (train_tokens_per_s_per_gpu x ranks) + a ring all-reduce of grad_bytes,
-  2 (N - 1) / N x grad_bytes / bandwidth (allreduce_bytes_per_s within a node,
-  internode_bytes_per_s once N > node_gpus), not overlapped with compute. It waits for
-  prompts_per_step groups in arrival order, drops the ones older than max_staleness, trains,
-  publishes for publish_s (blocked);
-- weight sync: a version of weight_bytes reaches the engines over a link of link_bytes_per_s
-  and link_latency_s, fanned out as `fanout`: "broadcast" is a pipelined binary tree (the
-  payload crosses each link once at full rate, one latency per tree level:
-  latency x ceil(log2(engines + 1)) + bytes / rate; weights/dist.py's broadcast), "sender"
-  is one sender whose link all engines share (latency + engines x bytes / rate; the tcp
-  transport's fan-out). With publish_waits_for_link the trainer is blocked until every
-  engine has it (tcp's `send` and the dist broadcast both block the publisher); without,
-  the trainer goes on and the weights arrive later;
-- admission and dispatch exactly as async_loop.Feed: at most `window` groups out and
-  (dispatched - dropped) <= (steps done + max_staleness + 1) x prompts_per_step; a job goes
-  to the engine holding the fewest; dropped prompts are redone;
-- sync: every engine generates its share of the step's groups in one batch, the envs run,
-  the trainer waits for the slowest sample, trains, publishes, and the weights reach the
-  engines and are applied before the next step (colocated: engines = trainer_gpus, the same
-  GPUs taking turns).
-With the defaults (unlimited pool, one trainer rank, no token rates) results are those of
-the earlier version of this file bit for bit (tests/unit/test_simulate.py pins them).
+Models, after loop/async_loop.py and cluster/engine_process.py: engines running one batch at a
+time (fixed + per-row + decode bound by aggregate or per-sequence token rate), lognormal env
+steps in a pool of env_workers slots, data-parallel trainer ranks with a ring all-reduce,
+weight sync fanned out as a binary-tree "broadcast" or one "sender", and admission/dispatch as
+async_loop.Feed. The defaults' results are pinned by tests/unit/test_simulate.py.
 size_cluster() searches the trainer/engine split of a GPU budget (and the env pool it needs).
-Not covered: multi-turn episodes, completion-length spread (every completion is
-completion_tokens long), continuous batching across engine calls (as engine_process.py,
-requests that arrive during a batch wait for the next), prefill, engine failures,
-contention between trainer and engine for CPU or memory bandwidth, pickling and queue
-overheads (a few ms per group locally), a delta chain an engine more than one version behind
-would replay (it pays apply_s once).
+Not covered: multi-turn episodes, completion-length spread, continuous batching across engine
+calls, prefill, engine failures, CPU/memory-bandwidth contention, queue overheads, delta chains.
 """
 
 from __future__ import annotations
@@ -292,8 +260,8 @@ def _async(cfg: SimConfig) -> SimResult:
         eng.version = eng.arrived
         batch, eng.parked = eng.parked, []
         eng.busy = True
-        end = (start + cfg.gen_fixed_s + cfg.gen_row_s * G * len(batch)  # this order: bit for
-               + decode_seconds(cfg, G * len(batch)))                    # bit as before
+        end = (start + cfg.gen_fixed_s + cfg.gen_row_s * G * len(batch)  # sum order pinned
+               + decode_seconds(cfg, G * len(batch)))                    # by test_simulate.py
         gen.add(start, end)
         push(end, "batch", (e, batch, eng.version))
 

@@ -1,16 +1,11 @@
 """Atomic checkpoints that resume a run exactly.
 
-A checkpoint is a folder `checkpoints/step_NNNNNN/` holding the model (safetensors), the
-optimizer's tensors (safetensors) and scalars (JSON), the loop state (step, data position,
-RNG states) and `manifest.json` with the sha256 of every file. It is written into a temporary
-folder, every file fsynced, `COMMITTED` written last, then the folder renamed into place. A
-folder without `COMMITTED`, or whose files do not match the manifest, is never loaded. No
-pickles: everything is safetensors or JSON.
-
-`extra` modules are what a trainer trains beside its model (`trainer.extra_modules`, e.g.
-PPO's value head): each is saved as `<name>.safetensors` next to the model, never inside
-model.safetensors (which serve, eval and teachers load as the policy), and loading asks for
-exactly the ones the checkpoint holds.
+`checkpoints/step_NNNNNN/` holds the model and optimizer (safetensors), scalars and loop state
+(JSON; no pickles) and `manifest.json` with every file's sha256. It is written to a temporary
+folder, fsynced, `COMMITTED` written last, then renamed into place; a folder without
+`COMMITTED` or not matching its manifest is never loaded. `extra` modules (e.g. PPO's value
+head) are saved beside the model, never inside model.safetensors, which serve, eval and
+teachers load as the policy.
 """
 
 from __future__ import annotations

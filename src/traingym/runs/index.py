@@ -1,20 +1,13 @@
 """Runs and checkpoints as objects: `traingym.open_run(run_dir)` and `traingym runs [DIR]`.
 
-A `RunView` reads a run directory (it never writes to it or takes its lock): the resolved config,
-the step records (events.jsonl), the committed checkpoints (checkpoint.py; folders without
-COMMITTED are not listed), results.json and the held-out evals before/after, and a status:
-
-- "running": the directory's run.lock is held (flock, runlock.py), or its record names a live
-  process on this host (a filesystem that ignores flock);
-- "finished": results.json exists (api.train writes it last);
-- "preempted": stopped at a step boundary with a checkpoint of its last recorded step, as a
-  SIGTERM stop leaves it (preempt.py); resume it with --resume;
-- "failed": anything else that stopped early (an error, SIGKILL, a lost machine).
-A run killed exactly after it committed the checkpoint of its last recorded step looks
-"preempted": the files cannot tell the two apart.
-
-Not covered: runs on another host that hold a lock only their heartbeat shows (a filesystem
-without cross-host flock) are "running" only while their record names a live local process.
+A `RunView` reads a run directory without writing to it or taking its lock: config, step
+records, committed checkpoints (runs/checkpoint.py), results.json, evals, and a status:
+"running" (run.lock held or its record names a live local process, runs/lock.py), "finished"
+(results.json exists), "preempted" (a checkpoint of its last recorded step, runs/preempt.py),
+else "failed".
+Limits: a run killed right after committing its last step's checkpoint looks "preempted";
+a run on another host without cross-host flock is "running" only if its record names a live
+local process.
 """
 
 from __future__ import annotations
@@ -29,7 +22,7 @@ from pathlib import Path
 
 from traingym.runs import lock as runlock
 
-MARKER = "COMMITTED"  # checkpoint.py's commit marker (not imported: that module imports torch)
+MARKER = "COMMITTED"  # runs/checkpoint.py's marker (not imported: it imports torch)
 
 
 @dataclass(frozen=True)
@@ -42,7 +35,7 @@ class Checkpoint:
         return json.loads((self.path / "state.json").read_text())
 
     def verify(self) -> dict:
-        """Check every file against the manifest (checkpoint.py); return the manifest."""
+        """Check every file against the manifest (runs/checkpoint.py); return the manifest."""
         from traingym.runs import checkpoint  # heavy: safetensors, torch
 
         return checkpoint.verify(self.path)

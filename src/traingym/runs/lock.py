@@ -1,29 +1,13 @@
 """One writer per run directory: a lock taken before a run (new or resumed) writes anything.
 
-The lock is `fcntl.flock` on `RUN_DIR/run.lock`. The kernel drops a flock when its holder
-exits, however it exits (SIGKILL and crashes included), so a dead run never blocks its
-`--resume`. While held, the file holds a JSON record: host, pid, the pid's start time (so a
-reused pid is not taken for the holder), when the lock was taken, the command, and a
-heartbeat timestamp that a daemon thread rewrites every `HEARTBEAT_S` seconds. Release
-empties the file (the file itself stays; an empty one means "free").
-
-Who is refused (`RunDirInUse`, a FileExistsError: the CLI prints one `traingym: ...` line and
-exits 2), naming the holder's pid, host, start and command:
-- the flock is held (any process on this host, or on another host where the filesystem
-  honours flock across machines, as NFSv4 and most cluster filesystems do);
-- the flock is free but the record names a live process on this host (a filesystem that
-  ignores flock);
-- the flock is free but the record names another host whose heartbeat is younger than
-  `STALE_BEATS` heartbeats, 15 s (a shared filesystem that does not carry flock between machines).
-A record from another host with an older heartbeat is a run that died there: it is taken
-over with a warning line on stderr. An empty record, or one naming a dead process on this
-host, is taken over silently.
-
-Limits: the cross-host check compares wall clocks, so hosts must agree on the time to within a
-few seconds (NTP); a holder whose heartbeat thread cannot run for 15 s (the GIL held by
-one C call that long, a frozen host) looks dead to another host. Two hosts that read the
-stale record at the same instant can both take it over. Engine processes and trainer ranks
-start with spawn and never inherit the lock (Python opens files close-on-exec).
+`fcntl.flock` on `RUN_DIR/run.lock`, which the kernel drops however its holder exits, so a dead
+run never blocks `--resume`. The file holds a JSON record (host, pid and its start time,
+command, a heartbeat every `HEARTBEAT_S`) for filesystems that ignore flock: a live pid on this
+host, or another host's heartbeat younger than `STALE_BEATS`, refuses with `RunDirInUse`
+(the CLI exits 2); an older record is taken over.
+Limits: cross-host checks compare wall clocks (hosts need NTP); a holder whose heartbeat
+thread stalls 15 s looks dead to other hosts; two hosts reading a stale record at once can
+both take it over. Spawned engines and ranks never inherit the lock (close-on-exec).
 """
 
 from __future__ import annotations

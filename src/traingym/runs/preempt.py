@@ -1,29 +1,13 @@
 """SIGTERM as a clean preemption: the run stops at its next step boundary with a checkpoint.
 
-Schedulers (Slurm, Kubernetes, Ray, `timeout`) preempt a job with SIGTERM, then SIGKILL after
-a grace period. While `traingym.train` runs, `Preemption` turns SIGTERM into a request: the
-loop (sync and async) finishes the current step (optimizer step, weight publish, the step's
-record), commits a checkpoint of it (unless that step's checkpoint was just written), and
-raises `RunPreempted`. `traingym.train` then closes engines, sandboxes and trainer ranks as a
-normal end does, releases the run directory's lock, and re-raises; the CLI prints one line,
-
-    traingym: stopped by SIGTERM after step N; resume with: traingym train ... --resume
-
-and exits with `EXIT_CODE` (143 = 128 + SIGTERM, what a shell reports for a job SIGTERM
-killed). `--resume` continues from that checkpoint; a sync run so resumed ends bitwise equal
-to an uninterrupted one. Further SIGTERMs while stopping change nothing; a SIGINT
-(KeyboardInterrupt) or SIGKILL while the checkpoint is written leaves an uncommitted folder
-that is never loaded (checkpoint.py writes COMMITTED last), so resume uses the previous one.
-
-Limits: the request is honoured at step boundaries only: SIGTERM while the run is built or
-evaluated before training stops it after the first step; during the last step or the evaluation after it, it is not
-honoured (the run finishes). A step must fit in the scheduler's grace period. The handler is
-installed only when `train` runs in the main thread (Python delivers signals there) and
-the previous handler is restored when it returns; a SIGTERM that the caller set to be ignored
-stays ignored. Child processes (async engines, trainer ranks, sandboxes) keep the default
-SIGTERM: a scheduler that signals the whole process group (Slurm's scancel does) ends them at
-once, and the run then fails on the lost engine or rank rather than stopping cleanly, unless
-the scheduler signals only the main process (Kubernetes signals PID 1; `scancel --batch`).
+While `traingym.train` runs in the main thread, `Preemption` turns SIGTERM into a request: the
+loop finishes the current step, commits its checkpoint and raises `RunPreempted`; train closes
+everything, releases the run lock and re-raises, and the CLI exits with `EXIT_CODE` (143) and a
+`--resume` hint. A sync run so resumed ends bitwise equal to an uninterrupted one.
+Limits: honoured at step boundaries only (not during the last step or its evaluation); a step
+must fit in the scheduler's grace period; an ignored SIGTERM stays ignored. Child processes
+keep the default SIGTERM, so a scheduler that signals the whole process group (scancel) fails
+the run on a lost engine or rank instead of stopping it cleanly.
 """
 
 from __future__ import annotations

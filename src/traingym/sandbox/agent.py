@@ -1,21 +1,12 @@
 """The agent: a small stdlib-only server that runs inside a sandbox and executes jobs.
 
-The host starts it once per sandbox (`python -I -B -c <this file's source> ...`) and talks to it
-over stdin/stdout with length-prefixed frames (see `wire.py`). Because the interpreter is already
-running, an execution of Python code costs a fork, not an interpreter start: the child starts
-from the agent's pristine state (the agent never runs candidate code itself and imports nothing
-of the candidate), gets its own session, rlimits and fresh stdio pipes, and runs the code as
-`__main__`. Argument vectors are fork + exec.
-
-After every execution the agent kills every process left over from it: in a private pid namespace
-(`--pidns`) it uses kill(-1), which reaches all processes of the namespace except its init and
-the agent, so daemonized children die too; without one (the `process` backend) it can only kill
-the child's process group. `reset` additionally wipes the writable directories and System V IPC
-objects, so a reset sandbox keeps no state from earlier executions.
-
-Covered: wall-clock deadline, output cap (the child is killed on overflow), rlimits, file I/O
-inside the sandbox (so symlinks resolve in the sandbox's view, never the host's).
-Not covered here: isolation itself; that is the job of the backend that starts the agent.
+Started once per sandbox (`python -I -B -c <source>`) and driven over stdin/stdout with
+length-prefixed frames (sandbox/client.py is the host side). Python code runs in a fork of the
+agent's pristine state, so an execution costs a fork, not an interpreter start. After each
+execution every leftover process is killed (kill(-1) in a private pid namespace, else the
+child's process group); `reset` also wipes writable folders and System V IPC objects.
+Covered: wall-clock deadline, output cap, rlimits, file I/O in the sandbox's own view.
+Not covered here: isolation itself; that is the backend's job.
 """
 
 import ctypes

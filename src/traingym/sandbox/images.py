@@ -1,31 +1,13 @@
 """Sandbox images: the Python environment sandboxed code runs against, declared, not the host's.
 
-An image is an interpreter (default: the host's base interpreter; or a version such as "3.12"
-found on this machine; or a path), a requirements list and/or a lock file (a pip requirements
-file, pinned, hashes allowed), and optional files (a folder copied in, e.g. a repository
-checkout). It is built once by a real installer into a folder under the cache
-(`TRAINGYM_IMAGE_CACHE`, default ~/.cache/traingym/images/<sha256 of the spec>):
-
-    <digest>/venv/    `python -m venv --without-pip`, then `uv pip install` (uv on PATH) or
-                      `pip --python <venv> install` into it
-    <digest>/files/   the spec's folder, copied
-    <digest>/spec.json  the spec, the interpreter and the installed distributions
-
-Building happens in a temporary folder that is renamed into place; a lock file per digest makes
-concurrent builders (threads or processes) wait for the first, and a lost rename is dropped.
-The finished folder is made read-only. Build progress (the installer's output) goes to stderr;
-a failed build raises ImageBuildError naming the requirement that failed, with pip's error.
-
-The sandbox (bwrap.py) mounts an image as its only Python: the interpreter's standard library,
-every site-packages/dist-packages folder of the host masked by an empty read-only tmpfs, and the
-image at /image (its venv's site-packages, its files at /image/files). The default image (no
-requirements, no files) needs no folder: the standard library only.
-
-Limits: the cache key is the spec, not the resolution: an unpinned requirement is resolved once,
-at build time (pin versions or give a lock for reproducible images). Console scripts in
-venv/bin/ carry the build folder's path in their shebang: run tools as `python -m tool`. Files
-are read-only inside the sandbox (copy them to /sandbox to edit them). Packages whose native
-libraries live outside the venv and /usr (e.g. a conda prefix) are not reachable.
+An image is an interpreter, requirements and/or a pip lock file, and optional files, built once
+by uv or pip into `TRAINGYM_IMAGE_CACHE/<sha256 of the spec>/` (venv/, files/, spec.json):
+built in a temporary folder and renamed into place, one builder per digest (a lock file), then
+made read-only. A failed build raises ImageBuildError naming the requirement. The sandbox
+(sandbox/bwrap.py) mounts the image at /image as its only Python.
+Limits: the cache key is the spec, not the resolution (pin versions for reproducible images);
+venv/bin console scripts carry the build path (use `python -m tool`); files are read-only in
+the sandbox; native libraries outside the venv and /usr (a conda prefix) are not reachable.
 """
 
 from __future__ import annotations
@@ -70,7 +52,7 @@ class ImageSpec:
     requirements: tuple[str, ...] = ()  # pip requirement strings, e.g. "numpy>=2"
     lock: str | None = None  # a pip requirements file (pinned versions, hashes allowed)
     files: str | None = None  # a folder copied into the image (/image/files in the sandbox)
-    python: str | None = None  # None: the host's interpreter; "3.12": a python3.12 found here; a path
+    python: str | None = None  # None: the host's; "3.12": a python3.12 found here; a path
 
     def __post_init__(self):
         reqs = self.requirements

@@ -1,18 +1,10 @@
 """A warm pool of sandboxes, sized from the measured acquisition rate (Little's law).
 
 Each sandbox holds a running agent, so an execution pays a fork, not an interpreter start.
-Every acquisition gets a clean session: a released sandbox is reset (every leftover process
-killed, its writable directories and System V IPC wiped) before it is handed out again, and is
-closed instead after `max_uses` sessions or when it broke (its agent died, timed out, or spoke
-nonsense); a replacement is started in the background.
-
-Sizing (`target_size`, a pure function): with acquisition rate `rate` (EWMA, per second),
-mean hold time `hold_s` and replenish time `ready_s` (reset or cold start, EWMA),
-busy = rate x hold_s sandboxes are in use on average, and the ready buffer must cover demand
-during one replenish: buffer = rate x ready_s + z x sqrt(rate x ready_s) (Poisson arrivals; z
-standard deviations of margin). The pool keeps busy + buffer sandboxes (at least `min_ready`
-ready, at most `max_size` in all) and starts at most `max_concurrent_starts` at once.
-
+Every acquisition gets a clean session (reset before reuse; closed after `max_uses` or when
+broken, and replaced in the background). `target_size` keeps rate x hold_s busy plus a buffer
+of rate x ready_s + z x sqrt(rate x ready_s) (Poisson arrivals), within `min_ready`,
+`max_size` and `max_concurrent_starts`.
 Not covered: sharing one pool between event loops or processes; priorities among waiters.
 """
 
@@ -160,7 +152,7 @@ class SandboxPool:
 
     @asynccontextmanager
     async def session(self):
-        # the queue wait (utilisation.py), with the pool's state once a sandbox is had
+        # the queue wait (observability/utilisation.py), with the pool's state once a sandbox is had
         with trace.span("sandbox_acquire", cat="wait") as span:
             sandbox = await self.acquire()
             if hasattr(span, "args"):  # tracing is on

@@ -1,16 +1,11 @@
 """The `process` backend: rlimits and timeouts only. IT IS NOT A SECURITY BOUNDARY.
 
-Code run here runs on the host as your user: it can read your files, environment-free or not
-(the environment is cleared, the filesystem is not), use the network, kill your processes and
-leave daemons behind (only the execution's own process group is killed). Use it for trusted code,
-for machines without user namespaces during development, or to compare against `bwrap`. It is
-never chosen implicitly: only `open_sandbox("process")` or `ProcessSandbox.create()` give it.
-
-Covered: wall-clock kill of the process group, output cap, RLIMIT_CPU, RLIMIT_AS (memory),
-RLIMIT_FSIZE, RLIMIT_NPROC (which does not bind root and counts all of the user's processes, so
-it does not contain fork bombs run as root), a private workspace directory (removed on close).
-An image (images.py) gives the agent the image's venv interpreter at its host path; the host's
-files, the base installation's site-packages included, stay readable (not a boundary).
+Code runs on the host as your user: it can read your files, use the network, kill your
+processes and leave daemons behind. Use it for trusted code, machines without user namespaces,
+or comparison with `bwrap`; it is never chosen implicitly (`open_sandbox("process")` only).
+Covered: wall-clock kill of the process group, output cap, RLIMIT_CPU/AS/FSIZE/NPROC (NPROC
+does not bind root), a private workspace removed on close; an image (sandbox/images.py) gives
+its venv interpreter, with host files still readable.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
-"""The scheduler between HTTP requests and the engine: dynamic batching.
+"""Dynamic batching between HTTP requests and an engine without `abilities.step_decoding`
+(vLLM, SGLang, an OpenAI endpoint, plugins); the built-in engine uses serve/continuous.py.
 
-Requests wait in one queue; one task takes everything queued and hands it to the engine as a
-single `generate` call, so requests that arrive while the engine decodes join the next call
-together. The built-in engine decodes all requests of a call that share sampling parameters as
-one batch (rows up to `rollout.max_batch_rows`); requests with other parameters run after them
-in the same call. Calls run one at a time: an engine is not assumed to take concurrent calls.
-
-Requests whose sampling parameters differ only in max_tokens are decoded together: each is
-sent with the longest max_tokens among them and its completion cut back to its own (tokens,
-log-probs, top log-probs, versions; finish_reason 'length' where cut). The cut is exact: a
-completion's first k tokens do not depend on how many more are decoded (greedy; and sampled
-draws come from each sample's own seeded generator, one draw per step: rollout/base.py), at
-the cost of decode steps for the shorter ones.
-
-A call that raises is retried request by request, so one request the engine cannot serve fails
-alone, with its own error, and the others are answered. A request whose client went away is
-still decoded (its rows are already in the batch) and its result dropped.
-
-This is the scheduler for engines without `abilities.step_decoding` (vLLM, SGLang, an OpenAI
-endpoint, a plugin engine); the built-in engine gets continuous batching (serve/continuous.py).
-Not covered here: rows joining a batch between decode steps (a request that arrives during a
-call waits for that call to end), and priorities or fairness beyond arrival order.
+One task takes everything queued and hands it to the engine as one `generate` call; calls run
+one at a time (an engine is not assumed to take concurrent calls). Requests differing only in
+max_tokens decode together at the longest and are cut back, which is exact because a
+completion's first k tokens do not depend on how many follow (rollout/base.py seeding). A call
+that raises is retried request by request so one bad request fails alone.
+Not covered: rows joining a batch between decode steps, priorities beyond arrival order.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
-"""Continuous batching for engines with `abilities.step_decoding` (the built-in engine on its
-fused path): requests join the running batch between decode steps and leave when they finish.
+"""Continuous batching for engines with `abilities.step_decoding` (the built-in engine's fused
+path): requests join the running batch between decode steps and leave when they finish.
 
-One task runs the loop: retire the rows of requests that went away, admit what is waiting
-(arrival order, while the decoder has free rows and the left-padded prompts stay within
-PREFILL_TOKENS, so a burst of long prompts is prefilled over several ticks instead of stalling
-the live rows at once; a request that does not fit waits, or runs alone when none are live),
-then one decode step for all live
-rows (rollout/continuous.py StepDecoder; admit + step run in a worker thread, so the event
-loop keeps serving). Each token goes to its request as it is made: `open(..., on_event=...)`
-gets (sample index, new text, released token indices, finish_reason or None) per token,
-through serve/text.py TextStream (whole characters only; nothing at or after a stop string).
-A stop string ends the row at once, so it saves the remaining decode steps.
-
-Errors: a request whose prefill fails gets that error alone; a failing decode step fails the
-requests then live (the decoder is rebuilt) and the server goes on; a request whose own
-bookkeeping raises after a step (its stream's callback, its text decoding) fails alone, its
-rows retired, and the loop goes on. A request whose client went away (cancelled `submit`, closed stream) has its rows retired before the next step.
+One loop retires rows of requests that went away, admits waiting ones in arrival order within
+free rows and PREFILL_TOKENS (so a burst of long prompts does not stall live rows), and runs one
+decode step (rollout/continuous.py StepDecoder) in a worker thread. Tokens stream to each
+request through serve/text.py TextStream; a stop string ends its row at once.
+Errors stay local: a failed prefill fails its request, a failed decode step fails the live
+requests and rebuilds the decoder, a request's own callback error fails only it.
 """
 
 from __future__ import annotations

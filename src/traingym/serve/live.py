@@ -1,15 +1,10 @@
 """Server-sent events as tokens are made (continuous batching, serve/continuous.py).
 
-Each choice gets a chunk when its text grows or a token is released (serve/text.py
-TextStream: whole characters, nothing at or after a stop string), carrying that text and,
-when asked, the released tokens' log-probs; then a chunk with its finish_reason. Choices of
-one request (n > 1, several prompts) interleave as their tokens come. The usage chunk (when
-asked) and `data: [DONE]` follow the last finish. An engine error mid-stream is sent as an
-`error` event and ends the stream. When the client goes away, the generator is closed and
-the request's rows leave the batch before the next decode step.
-
-Not streamed live: chat with tools (the tool-call parse needs the whole answer; those
-streams go out when the completion is done, as with engines without step decoding).
+Each choice gets a chunk when its text grows (serve/text.py TextStream), then one with its
+finish_reason; choices of one request interleave; usage and `data: [DONE]` follow the last. An
+engine error mid-stream is sent as an `error` event. A client that goes away has its rows leave
+the batch before the next decode step.
+Not streamed live: chat with tools (the parse needs the whole answer; serve/responses.py).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """What `traingym serve CHECKPOINT_OR_MODEL` serves, and the engine that serves it.
 
-The argument is one of:
-- a checkpoint folder `RUN/checkpoints/step_NNNNNN` (checkpoint.py): verified against its
-  manifest, its model weights loaded into the run's model (`RUN/config.json` says which);
-- a run directory: its newest committed checkpoint;
-- a local Hugging Face model folder (config.json + weights), 'embedded' or 'tiny'.
-
-The engine is built through the engine seam (`rollout.registry.build`) from the EngineContext
-of the run's config (or the default config around the model), with `--set` overrides on top,
-e.g. `--set rollout.engine=vllm`; the weights load as models/spec.py loads a checkpoint (a
-LoRA run's merged into its base). Not covered: serving adapters unmerged, several models in
-one server.
+The argument is a checkpoint folder (runs/checkpoint.py, verified against its manifest), a run
+directory (its newest committed checkpoint), a local Hugging Face folder, 'embedded' or 'tiny'.
+The engine is built through the engine seam (`rollout.registry.build`) from the run's config
+plus `--set` overrides; weights load as models/spec.py loads a checkpoint (LoRA merged).
+Not covered: serving adapters unmerged, several models in one server.
 """
 
 from __future__ import annotations

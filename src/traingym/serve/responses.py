@@ -1,15 +1,9 @@
-"""OpenAI response bodies and server-sent-event chunks from engine completions.
+"""OpenAI response bodies and server-sent-event chunks from finished engine completions.
 
-Log-probs are the engine's (rollout/base.py): under softmax(logits / T) before any top-k /
-top-p cut, raw softmax(logits) when greedy; `top_logprobs` are the k most likely tokens of
-that same distribution. The end-of-turn token is not listed (its text is empty) but is
-counted in usage.completion_tokens. A token that is part of a character (a byte piece) is
-written `bytes:\\xNN` as OpenAI writes it, and `bytes` holds its raw bytes
-(models/token_strings.py), so a client can map every token back to its id.
-
-The chunks here are those of a finished completion: streams from engines without step
-decoding (the engine seam returns whole completions) and chat streams with tools. The built-in
-engine streams token by token (serve/live.py).
+Log-probs are the engine's (rollout/base.py): softmax(logits / T) before top-k/top-p, raw when
+greedy. The end-of-turn token is not listed but counts in usage. A byte-piece token is written
+`bytes:\\xNN` as OpenAI does, with raw `bytes` (models/token_strings.py), so every token maps
+back to its id. Token-by-token streams of the built-in engine are serve/live.py's.
 """
 
 from __future__ import annotations

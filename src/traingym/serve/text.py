@@ -1,19 +1,11 @@
-"""Text in and out: chat messages to a prompt (the model's chat template), completions to text
-(stop strings, incremental pieces for streaming), tool calls to the OpenAI format.
+"""Text in and out: chat messages to a prompt (the chat template), completions to text (stop
+strings, incremental streaming pieces), tool calls to the OpenAI format.
 
-Tool calls: the tools' schemas go to the chat template as `tools=`; a template that ignores
-them (SmolLM2's, the tiny model's) gets them in a system message in the Hermes / Qwen2.5
-wording, as envs/tools.py does for training. The answer is parsed with envs/tools.py's
-HermesParser (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`); a turn with a
-malformed call is returned as plain content, never half-parsed. An assistant message with
-`tool_calls` goes back to the template as `tool_calls` where the template renders them, else
-as the same `<tool_call>` text the model writes; a `tool` message goes to the template with the
-called function's name (found by its `tool_call_id`).
-
-Stop strings: `finish` applies them to a whole decoded completion (the text stops before the
-first one); `TextStream` finds them as tokens arrive, so continuous batching
-(serve/continuous.py) ends the row at once. Engines without step decoding stop on token ids
-only, so there a stop string saves no decode steps.
+Tool schemas and parsing follow envs/tools.py (template `tools=` or a Hermes system message;
+HermesParser); a turn with a malformed call is returned as plain content, never half-parsed.
+Stop strings: `finish` cuts a whole completion; `TextStream` finds them as tokens arrive, so
+continuous batching (serve/continuous.py) ends the row at once. Engines without step decoding
+stop on token ids only, so there a stop string saves no decode steps.
 """
 
 from __future__ import annotations
