@@ -17,11 +17,11 @@ import os
 from dp_batches import RTOL, WEIGHTS_RTOL, close, rel  # tests/ is on sys.path (tests/conftest.py)
 
 import traingym
-from traingym.algorithms import registry as algorithms
 from traingym.algorithms.importance import ImportanceSpec
 from traingym.loop.async_loop import async_train_loop
-from traingym.observability.events import read_events
 from traingym.loop.build import build_run
+from traingym.loop.trainer import build_algorithm
+from traingym.observability.events import read_events
 from traingym.trainer import distributed
 from traingym.trainer.distributed import DistributedTrainer
 from traingym.trainer.torch_trainer import TorchTrainer
@@ -49,8 +49,9 @@ def test_async_run_with_two_local_ranks_trains_as_one_process(tmp_path, monkeypa
         assert [r["rank"] for r in dp.ranks] == [0, 1] and dp.ranks[1]["pid"] != os.getpid()
         # the same weights and a fresh AdamW, IS-corrected as async mode is
         ref = TorchTrainer(copy.deepcopy(dp.model), cfg.trainer, cfg.rollout.temperature,
-                           run.tokenizer.pad_token_id, importance=ImportanceSpec.from_section(cfg.algorithm, cfg.mode),
-                           algorithm=algorithms.build(cfg))
+                           run.tokenizer.pad_token_id,
+                           importance=ImportanceSpec.from_section(cfg.algorithm, cfg.mode),
+                           algorithm=build_algorithm(cfg))
         before = {k: v.clone() for k, v in ref.export().items()}
         pairs, train_step = [], dp.train_step
 

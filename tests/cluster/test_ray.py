@@ -40,10 +40,10 @@ import pytest
 from prereq import require, require_sandbox
 
 import traingym
-from traingym.algorithms import registry as algorithms
 from traingym.algorithms.importance import ImportanceSpec
 from traingym.cluster.local import EngineError
 from traingym.core.errors import ConfigError
+from traingym.loop.trainer import build_algorithm
 from traingym.observability.events import read_events
 
 RAY = shutil.which("ray", path=str(Path(sys.executable).parent))
@@ -305,8 +305,8 @@ def test_data_parallel_ranks_on_two_nodes_equal_one_process(two_nodes):
     from dp_batches import WEIGHTS_RTOL, close, rel
     from dp_batches import batch as make_batch
 
-    from traingym.models.loader import load_policy
     from traingym.loop.trainer import build_trainer
+    from traingym.models.loader import load_policy
     from traingym.trainer.torch_trainer import TorchTrainer
 
     model, tok = load_policy("tiny", seed=3)
@@ -314,8 +314,9 @@ def test_data_parallel_ranks_on_two_nodes_equal_one_process(two_nodes):
                    "trainer_resources": {"engine_node": 1.0}})
     cfg.trainer.data_parallel, cfg.trainer.micro_batch_groups = 2, 2
     ref = TorchTrainer(copy.deepcopy(model), cfg.trainer, cfg.rollout.temperature,
-                       tok.pad_token_id, importance=ImportanceSpec.from_section(cfg.algorithm, cfg.mode),
-                       algorithm=algorithms.build(cfg))  # async: IS-corrected
+                       tok.pad_token_id,
+                       importance=ImportanceSpec.from_section(cfg.algorithm, cfg.mode),
+                       algorithm=build_algorithm(cfg))  # async: IS-corrected
     dp = build_trainer(cfg, copy.deepcopy(model), tok.pad_token_id)
     try:
         ranks = dp.ranks

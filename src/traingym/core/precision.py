@@ -1,10 +1,9 @@
 """Which dtypes a run computes in: bf16 where the hardware has fast bf16 kernels, else fp32.
 
-`model.engine_dtype` and `trainer.bf16_autocast` default to "auto". On a CPU, bf16 pays only
-where oneDNN has bf16 kernels (AVX512-BF16 or AMX): on this project's AVX2-only CPU a train step
-of the embedded model took 4.7x as long with bf16 autocast as in fp32, and a bf16 engine call
-4.0x as long as an fp32 one (benchmarks/precision.py, results/precision.json). On CUDA, bf16
-where the device supports it. An explicit "bfloat16" / true is always honoured.
+`model.engine_dtype` and `trainer.bf16_autocast` default to "auto". On a CPU, bf16 pays only where
+oneDNN has bf16 kernels (AVX512-BF16 or AMX); on an AVX2-only CPU it is several times slower than
+fp32 (benchmarks/results/precision.json). On CUDA, bf16 where the device supports it. An explicit
+"bfloat16" / true is always honoured.
 """
 
 from __future__ import annotations

@@ -1,37 +1,15 @@
 """Where the time went: spans from every process of a run, as a Chrome/Perfetto trace.
 
-Each process of a run (the trainer, each rollout engine process or Ray actor, each
-data-parallel rank) calls `start(trace_dir, role)` once; after that every
-
-    with trace.span("generate", cat="engine", requests=8):
-        ...
-
-appends one complete event (Chrome trace-event format, ph="X") as a JSON line to its own
-shard, `<run dir>/trace/<role>-<pid>.jsonl`, written and flushed when the span ends: a live
-run can be read at any moment, and a process that crashes loses at most the line it was
-writing (and the spans still open). Timestamps are wall-clock microseconds
-(`time.time_ns() // 1000`), so processes, and nodes with synchronised clocks, line up.
-`merge(run_dir)` joins the shards into `trace.json` ({"traceEvents": [...]}) for
-ui.perfetto.dev or chrome://tracing; the run calls it at its end (on errors too), and a
-resumed run's new shards are merged with the old ones. `load_trace(run_dir, max_events)`
-reads a live run (merging on the fly) or a finished one.
-
-Threads and tasks: a span on a plain thread lies on that thread's track. A span opened
-inside an asyncio task (concurrent environment steps, sandbox calls, batched generation) lies
-on an "async lane": a track held by that task while it has spans open, so spans on one track
-always nest, as the format requires, however many tasks overlap.
-
-Off (`observability.trace = false`, or `start` never called): `span` returns a shared no-op
-context manager and nothing is written. On: one `json.dumps` and one write per span, a few
-microseconds; the loop opens tens of spans a step.
-
-Ray actors on another node than the trainer cannot write into the run directory; they
-`start(None, role)` instead, which keeps spans in memory, and the engine ships them back
-with each result (`drain()`), the trainer writing them as that actor's shard
-(`write_shipped`). Spans still held by an actor that dies are lost.
-
-Not covered: processes that share a pid on different nodes get one track (pids are used as
-they are); flow arrows between processes; clock skew between nodes (none is corrected).
+Each process calls `start(trace_dir, role)` once; each `with trace.span("generate", cat="engine"):`
+then appends one complete event (ph="X") as a JSON line to the process's own shard,
+`trace/<role>-<pid>.jsonl`, flushed when the span ends: a live run is readable and a crash loses
+only open spans. Timestamps are wall-clock microseconds, so processes line up.
+`merge(run_dir)` joins the shards into `trace.json` for ui.perfetto.dev; `load_trace` reads a live
+or finished run. Spans inside an asyncio task lie on an "async lane" held by that task, so spans on
+one track always nest, as the format requires. Off, `span` is a shared no-op. Ray actors on other
+nodes `start(None, role)` and ship spans back with each result (`drain`, `write_shipped`).
+Not covered: equal pids on different nodes (one track), flow arrows, clock skew between nodes; spans
+held by an actor that dies.
 """
 
 from __future__ import annotations

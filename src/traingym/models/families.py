@@ -1,43 +1,15 @@
 """The decoder families traingym knows, as transformers ships them, and their chat formats.
 
-A family is what differs between otherwise Llama-shaped decoders, read by the built-in
-engine's fused decode (rollout/fused_decoder.py) and by the model presets (models/presets.py):
-
-| family  | model_type  | what differs from Llama                                              |
-|---------|-------------|----------------------------------------------------------------------|
-| llama   | llama       | (the reference; optional attention / MLP biases; RoPE scaling)        |
-| mistral | mistral     | a sliding window over every layer (`sliding_window`, null in v0.3)    |
-| qwen2   | qwen2       | q/k/v biases; sliding layers only with `use_sliding_window`           |
-| qwen3   | qwen3       | per-head q_norm / k_norm RMSNorm; head_dim independent of hidden/heads |
-| gemma   | gemma       | GeGLU (gelu tanh) MLP, embeddings x sqrt(hidden), RMSNorm x (1 + w)   |
-| gemma2  | gemma2      | gemma + sandwich norms, query_pre_attn_scalar, attention and final   |
-|         |             | logit soft-capping, sliding / global layers alternating              |
-| gemma3  | gemma3_text | gemma2 without attention soft-capping (transformers ignores         |
-|         |             | attn_logit_softcapping there) + Gemma-style q/k norms and a separate |
-|         |             | RoPE per layer type (local / global)                                 |
-
-Chat formats (`CHAT_TEMPLATES`, Jinja, written here from each family's published format for
-text-only turns: no tool calls, no images). Each renders an assistant message's content
-verbatim, so multi-turn rendering (envs/render.py `continuation`) works. System messages
-(traingym's `task.system_prompt` becomes a leading system message, envs/render.py):
-
-- chatml-qwen2.5 / qwen3 / llama3: a system turn of its own (Qwen2.5 adds "You are Qwen,
-  created by Alibaba Cloud. You are a helpful assistant." when there is none; Qwen3 and this
-  Llama 3 template add nothing; Llama 3.1's dated default system text is not reproduced);
-- mistral: no system role in [INST] format; the system text is put before the first user
-  message, separated by a blank line (traingym's choice, stated here);
-- gemma (Gemma 1/2): no system role; the template refuses it ("System role not supported"),
-  so a run with task.system_prompt fails when its prompt renderer is built (envs/render.py),
-  with that message and the fix: unset task.system_prompt or use the gemma3 template;
-- gemma3: no system role; the system text is put at the start of the first user turn,
-  followed by a blank line.
-
-`END_OF_TURN` is the text each template ends an assistant turn with. traingym stops
-sampling at `stop_token_ids(tok)`: the tokenizer's `eos_token` and, when the tokenizer's chat
-template ends turns with one of these markers and it is a single token, that marker too. The
-published Gemma tokenizers' eos is `<eos>` while their template ends a turn with
-`<end_of_turn>`; Llama 3's base eos is `<|end_of_text|>` while its template ends a turn with
-`<|eot_id|>`: both stop at the end of the turn.
+A family is what differs between Llama-shaped decoders, read by the fused decode
+(rollout/fused_decoder.py) and the presets: mistral slides a window over every layer; qwen2 adds
+q/k/v biases; qwen3 per-head q/k RMSNorm and a free head_dim; gemma a GeGLU MLP, scaled
+embeddings and RMSNorm x (1 + w); gemma2 sandwich norms, logit soft-capping and alternating
+sliding layers; gemma3 is gemma2 without attention soft-capping, with q/k norms and RoPE per
+layer type. `CHAT_TEMPLATES` follow each family's published text-only format and render
+assistant content verbatim (multi-turn continuation needs it). System text: its own turn
+(chatml, llama3), before the first user message (mistral, gemma3), refused by gemma (Gemma 1/2).
+`stop_token_ids` adds the template's one-token end-of-turn marker to eos: Gemma and Llama 3
+end turns with a marker that is not their eos.
 """
 
 from __future__ import annotations

@@ -1,27 +1,17 @@
 """Model presets: the architecture of common open checkpoints and traingym settings for them.
 
-`model.preset = "qwen3-0.6b"` picks one. Its settings (`settings`: rollout.engine,
-trainer.lr, trainer.micro_batch_groups) are merged under everything the user set: the model
-preset lies below the run preset (--preset), the config file and --set overrides, so a value
-the user wrote is never replaced (config_load.validate). A preset downloads nothing:
-model.path must still be a local folder of that checkpoint, and when it holds a config.json
-(or is 'embedded') the architecture is checked against the preset's; a mismatch is an error
-naming each differing field (`check_path`). A path with no config.json yet is not checked
-here (the run refuses it when it starts; `traingym plan` can still plan with the preset).
-
-Architecture numbers are those of each model's published config.json; where each was read
-is cited beside it. Base and instruct releases share an architecture, so one preset covers
-both. `params` is counted from the architecture (tied embeddings once) the way transformers
-builds the model; tests/models/test_presets.py checks it against transformers on the meta
-device.
-
-Suggestions, not measurements: `engine` is "torch" (the built-in engine, CPU-friendly) below
-1B parameters, "vllm" from 1B on; `lr` follows common practice for full-parameter GRPO,
-smaller steps for larger models (1e-5 below 0.5B, 5e-6 below 2B, 2e-6 below 5B, 1e-6 below
-15B, 5e-7 above); `micro_batch_groups` is 4 below 1B, 2 below 5B, 1 above. None of these
-was tuned by traingym. `memory` counts what the trainer keeps per parameter (fp32 master
-weights 4 B + gradients 4 B + AdamW's two moments 8 B = 16 B) plus the engine's copy (2 B in
-bf16, 4 B in fp32); activations, the KV cache and vLLM's cache pool come on top.
+`model.preset = "qwen3-0.6b"` picks one. Its `settings` (rollout.engine, trainer.lr,
+trainer.micro_batch_groups) lie below the run preset, the config file and --set, so a value the user
+wrote is never replaced. A preset downloads nothing: when model.path holds a config.json (or is
+'embedded') its architecture is checked against the preset's, naming each differing field
+(`check_path`).
+Architecture numbers are from each release's config.json (sources cited beside them; base and
+instruct share one); `params` counts as transformers builds the model
+(tests/models/test_presets.py).
+Settings are suggestions, not tuned by traingym: "torch" below 1B parameters, "vllm" from 1B; lr and
+micro_batch_groups shrink with size, as is common for full-parameter GRPO. `memory` is the trainer's
+16 B per parameter (fp32 weights, grads, AdamW moments) plus the engine's copy.
+Not covered: activations, the KV cache and vLLM's cache pool (on top of `memory`).
 """
 
 from __future__ import annotations
@@ -98,7 +88,7 @@ def _p(name, hf_ids, model_type, layers, hidden, intermediate, heads, kv_heads, 
     return ModelPreset(name, hf_ids, arch, lr, micro_batch_groups)
 
 
-# Sources (config.json of the release, as read through the search tool):
+# Sources (config.json of the release):
 # [mlc] mlc-ai/mlc-llm python/mlc_llm/model/model_preset.py @79d603f, which copies the
 #       releases' config.json files (its key in parentheses below);
 # [hf]  huggingface.co pages holding a copy of the release's config.json (URL given).

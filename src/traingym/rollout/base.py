@@ -1,34 +1,16 @@
 """The rollout-engine seam: sample completions with log-probs; take verified weights.
 
-Every engine (rollout/registry.py: torch, vllm, sglang, openai, or a 'module:Class' path)
-implements `RolloutEngine`, and every caller (the sync loop, async engine processes, Ray
-actors, evaluation, serving) builds engines through `registry.build` and uses only
-what is declared here.
-
-Contract of `generate`: token ids in, token ids out, never text; each completion carries the
-log-prob of each of its tokens under the sampling distribution softmax(logits / T) before any
-top-k / top-p cut (greedy: softmax(logits)), which is what the trainer recomputes, and the
-policy version that produced its tokens (`Completion.version`, and `token_versions` where
-the weights changed mid-decode).
-
-Contract of `update_weights`: `state` is the full state the weight subscriber verified
-against the trainer's hash (weights/sync.py), in the engine's dtype, names as in the Hugging
-Face model's `state_dict()` (a tied tensor may appear once, under its first name in sorted
-order: weights/colocated.py wire_state). The engine serves exactly those weights as policy
-`version` once it returns. Delta decoding and verification happen before the engine sees
-anything, so an engine never applies bytes that did not match the hash.
-Optional (not in the protocol below): `writable_state() -> dict[str, Tensor]`, the engine's own
-tensors named as the wire sends them, for a subscriber in the same process to apply updates
-into in place (weights/colocated.py; the built-in engine has it). `update_weights` then gets
-those same tensors, already written and verified, and only starts serving them.
-
-Contract of `async score(prompts, completions, temperature) -> list[list[float]]` (only engines
-with `abilities.scores_tokens`; not in the protocol below): for each row, the log-prob
-of each token of `completions[i]` given `prompts[i]` and the completion tokens before it,
-under softmax(logits / T) (T <= 0: softmax(logits)), the convention of `generate` and of the
-trainer; nothing is sampled. A teacher for on-policy distillation (algorithms/distill.py)
-scores the student's samples with it. An engine without `scores_at_any_temperature` scores
-only at T = 1 (and T <= 0) and raises ValueError at any other T.
+Every engine (rollout/registry.py: torch, vllm, sglang, openai, or a 'module:Class' path) implements
+`RolloutEngine`; every caller builds engines through `registry.build` and uses only what is declared
+here (contracts: the method docstrings). Optional, outside the protocol:
+- `writable_state() -> dict[str, Tensor]`: the engine's own tensors, named as the wire sends
+  them, for a same-process subscriber to apply into in place (weights/colocated.py);
+  `update_weights` then gets those tensors already written and verified.
+- `async score(prompts, completions, temperature) -> list[list[float]]` (with
+  `abilities.scores_tokens`): per row, the log-prob of each completion token given the prompt
+  and the tokens before it, under softmax(logits / T) (T <= 0: softmax(logits)), sampling
+  nothing; distillation teachers use it. A T other than 1 (or <= 0) raises ValueError
+  without `abilities.scores_at_any_temperature`.
 """
 
 from __future__ import annotations
@@ -76,11 +58,17 @@ class RolloutEngine(Protocol):
     between_steps: Callable[[], None] | None  # used only with abilities.inflight_updates
 
     async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
-        """Return, for each request, its `n` completions."""
+        """Return, for each request, its `n` completions: token ids in and out, never text; each
+        token's log-prob under softmax(logits / T) before any top-k/top-p cut (greedy:
+        softmax(logits)), as the trainer recomputes it, and the policy version that produced it
+        (`Completion.version`; `token_versions` where weights changed mid-decode)."""
         ...
 
     def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """Serve `state` (full, verified; see the module docstring) as policy `version`."""
+        """Serve `state` as policy `version` once this returns. `state` is the full state the weight
+        subscriber verified against the trainer's hash (weights/sync.py), in the engine's dtype,
+        named as in the HF model's `state_dict()` (a tied tensor possibly once:
+        colocated.wire_state), so an engine never applies bytes that did not match the hash."""
         ...
 
     def state_hash(self) -> str:

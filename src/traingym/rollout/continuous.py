@@ -1,28 +1,15 @@
 """Step-level decoding on the built-in engine, for continuous batching (serve/continuous.py).
 
-A `StepDecoder` owns the KV cache rows of a `TorchEngine`'s fused decoder. `admit(requests)`
-prefills the prompts (one left-padded batch, each prompt once, its cache repeated for its `n`
-samples) and adds their rows; `step()` samples one token for every live row and returns them;
-rows leave when they hit a stop token or their `max_new_tokens`, or when `retire(row)` is
-called (a client that went away, a stop string found in the text). Requests join and leave
-between steps, so a short request never waits for a long one.
-
-Each row keeps its own sampling parameters and generator, seeded as `TorchEngine.generate`
-seeds it ((request seed, sample index)), and is sampled by the engine's own `_sample`: the
-tokens, log-probs and top log-probs are those `generate` gives for the same request alone
-(within float rounding: the same kernels on other batch shapes).
-
-Cache layout: tensors (rows, kv heads, slots, head dim) per layer; live rows are rows
-0..n-1 (a retired row's place is taken by the last live row, its cache copied over). Row b
-holds its left-padded prompt at slots first[b]..T-1 and its new tokens after it; a decode
-step writes each row's token at its own slot and attends over slots 0..max live slot (the
-mask keeps each row to its own slots). Rows and slots grow when an admission needs them;
-nothing shrinks. Slots grow as the rows get longer (by half, at least 64), not by each
-request's max_new_tokens up front, so memory follows the lengths decoded.
-
-Not covered: engines without the fused path (plain Hugging Face forward: their cache is a
-DynamicCache with one length for all rows), in-flight weight updates (`between_steps` is not
-called; `version` is read at each step), prefix sharing across requests, paged attention.
+A `StepDecoder` owns the KV cache rows of a `TorchEngine`'s fused decoder: `admit(requests)`
+prefills prompts and adds rows, `step()` samples one token per live row, and rows leave at a stop
+token, `max_new_tokens` or `retire(row)`, so a short request never waits for a long one. Rows are
+seeded and sampled as in `TorchEngine.generate`, giving what it gives for the request alone (within
+float rounding).
+Cache: (rows, kv heads, slots, head dim) per layer, live rows first; each row's mask keeps it to its
+own slots. Slots grow by half (at least 64) as rows lengthen, so memory follows the lengths decoded;
+nothing shrinks.
+Not covered: engines without the fused path (HF's DynamicCache has one length for all rows),
+in-flight weight updates (`version` is read each step), prefix sharing, paged attention.
 """
 
 from __future__ import annotations

@@ -1,34 +1,17 @@
 """A decode-time forward for the decoder families traingym covers, used by the built-in engine.
 
-Hugging Face's forward is written for generality; on a CPU at decode batch sizes its cost is
-dominated by per-op overhead and by a slow bf16 flash-attention kernel for one-token queries.
-This module runs the same maths with the projections fused (q|k|v in one matmul, gate|up in
-one), a preallocated KV cache, and decode attention as two small batched matmuls with an fp32
-softmax. Weights are views of the HF model's own tensors where possible and refreshed after a
-weight update (`refresh`). On a CPU with oneDNN bf16 support the bf16 projection weights are
-pre-packed once per refresh into oneDNN's blocked layout: a plain bf16 `F.linear` reorders the
-weight on every call, which at decode batch sizes costs about as much as the matmul itself
-(same kernel, bitwise-identical results; tests/unit/test_engine.py checks).
-
-Covered (models/families.py has the table), each as transformers ships it, tied or untied
-embeddings: Llama (SmolLM2, Llama 2/3.x), Mistral, Qwen2 / Qwen2.5 (q/k/v biases), Qwen3
-(per-head q/k RMSNorm, head_dim apart from hidden/heads), Gemma (GeGLU, embeddings x
-sqrt(hidden), RMSNorm x (1 + w)), Gemma 2 (sandwich norms, query_pre_attn_scalar, attention
-and final-logit soft-capping, sliding/global alternation) and Gemma 3 text (`gemma3_text`:
-Gemma-style q/k norms, a RoPE per layer type). Attention, o_proj and MLP biases are used where
-a checkpoint has them. Sliding windows are implemented: a layer with window W lets the query
-at cache slot s see slots s-W+1..s, as HF's mask does (prompts are left-padded, so slot
-distance is position distance between real tokens). RoPE: the types whose frequencies are
-fixed at load time (default, linear, llama3, yarn), read from the model's own rotary module.
-
-Not covered (`unsupported` names the reason; the engine then decodes with the plain HF
-forward, which handles them): other model_types (Phi, OLMo, Gemma 3 multimodal `gemma3`,
-MoE ...), RoPE types that change their frequencies with the sequence length (dynamic,
-longrope), bidirectional attention (`use_bidirectional_attention`).
-
-Numerics: fp32 logits match HF's forward to ~1e-5; in bf16 the two round differently (HF's
-eager/SDPA kernels vs these matmuls), tests/models/test_families.py states the tolerances.
-The cache and masks are made on the weights' device; only CPU is tested.
+On a CPU at decode batch sizes Hugging Face's forward is dominated by per-op overhead and a slow
+bf16 attention kernel for one-token queries. This runs the same maths with fused projections (q|k|v,
+gate|up), a preallocated KV cache and decode attention as two batched matmuls with an fp32 softmax.
+Weights are views of the HF model's tensors, rebuilt by `refresh`; with oneDNN bf16 they are
+pre-packed once per refresh, since a plain bf16 `F.linear` reorders the weight on every call (same
+kernel, bitwise-identical results).
+Covered: the families of models/families.py as transformers ships them (biases, tied embeddings,
+sliding windows as HF masks them, RoPE types fixed at load: default, linear, llama3, yarn).
+Not covered (`unsupported` names the reason; the engine then decodes with HF's forward): other
+model_types (Phi, OLMo, multimodal `gemma3`, MoE ...), dynamic/longrope RoPE, bidirectional
+attention. fp32 logits match HF to ~1e-5, bf16 rounds differently (tests/models/test_families.py);
+only CPU is tested.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """HTTP plumbing shared by the engines that talk to an inference server (openai_engine.py,
-sglang_engine.py): one JSON request with retries, bounded concurrency, and errors that name
-the URL and the fix.
+sglang_engine.py): one JSON request with retries, bounded concurrency, and errors that name the
+URL and the fix.
 
-Retries: a connection that cannot be made or breaks before an answer, and a 5xx answer, are
-retried `retries` times with exponential backoff (backoff_s, 2*backoff_s, ...); a 4xx answer
-is never retried (the request itself is wrong) and raises `ServerRejected` with the server's
-own message. A read timeout is not retried either (the server may still be working on the
-request): it raises `EngineUnavailable` naming the timeout to raise.
-
-Async requests use one `httpx.AsyncClient` per engine call (an AsyncClient belongs to the
-event loop it was made on, and traingym calls engines from more than one loop); the
-concurrency bound is one semaphore per event loop, shared by every call on that loop, so
-`max_concurrency` holds however many `generate` calls run at once on one loop. Engines that
-are used from several loops at once get the bound per loop (documented where it matters).
-
-httpx is imported inside functions, so importing this module costs nothing.
+Connection failures and 5xx answers are retried `retries` times with exponential backoff; a 4xx is
+never retried (the request is wrong: `ServerRejected` with the server's message), nor a read timeout
+(the server may still be working: `EngineUnavailable`). Async requests use one `httpx.AsyncClient`
+per engine call, since a client belongs to its event loop and traingym calls engines from several;
+`max_concurrency` is one semaphore per event loop. httpx is imported inside functions, so importing
+this module costs nothing.
 """
 
 from __future__ import annotations

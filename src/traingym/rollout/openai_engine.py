@@ -1,60 +1,14 @@
-"""Read-only rollout engine over any server that speaks the OpenAI completions API with
-log-probs (vLLM, SGLang's OpenAI server, hosted endpoints): for evaluation, judges, teachers
-and baselines. It never takes weights (`update_weights` raises), so a training run refuses it.
+"""Read-only rollout engine over an OpenAI-compatible completions server with log-probs (vLLM,
+SGLang, hosted endpoints) for evaluation, judges, teachers and baselines. It takes no weights
+(`update_weights` and `state_hash` raise, `version` is 0), so a training run refuses it.
 
-What it sends: one POST /v1/completions per request, with the prompt as token ids (the API's
-list-of-ints `prompt`), `n` (greedy: 1, repeated n times; vLLM refuses n > 1 when greedy),
-temperature (0: greedy), top_p, max_tokens, the request seed folded to 31 bits, and
-`logprobs=max(1, params.top_logprobs)` (top log-probs come back as (id, log-prob) pairs, most
-likely first). The key, if any, is read from the environment variable `api_key_env` names and
-sent as `Authorization: Bearer`. At most `max_concurrency` requests are in flight (per event
-loop); connection failures and 5xx answers are retried with backoff, 4xx never
-(rollout/http.py).
-`dialect` says what else the server takes:
-- "vllm" (default): also top_k, stop_token_ids, ignore_eos=true (only the request's stop
-  tokens end a completion, as in every traingym engine), neutral repetition/min_p values (so a
-  model's generation_config cannot change sampling behind the caller's back), and
-  `return_tokens_as_token_ids` + `return_token_ids`, so sampled tokens come back as exact ids
-  ("token_id:123") and are cross-checked against the choice's `token_ids`.
-- "standard": only OpenAI's own fields. top_k > 0 is refused (the API has none). Stop tokens
-  cannot be sent as ids: the completion is cut after the first stop token client-side (same
-  result, some wasted decoding), and the server may still end early at its own end-of-sequence
-  token (finish_reason "stop" without a stop token in the ids). Tokens come back as strings;
-  each is mapped to one id with the tokenizer: the one id whose text (or, for a piece of a
-  character, `bytes:\\xNN` as OpenAI writes it; models/token_strings.py) is that string, else
-  `tokenizer.encode(piece)` must give exactly one id that decodes back to the piece; and the
-  ids must decode to the text the server returned.
-  That mapping can drift (byte-fallback pieces, merges the server tokenized differently), so
-  any mismatch raises `TokenDrift` naming the piece: nothing is evaluated on guessed ids.
-`extra_body` is merged into every request last (server-specific fields).
-
-Log-probs (what this engine guarantees): each completion carries the server's per-token
-log-prob of the sampled token, and nothing is recomputed. traingym's contract is
-log softmax(logits / T) before any top-k/top-p cut (greedy: softmax(logits)). vLLM 0.32 returns,
-with its default `--logprobs-mode raw_logprobs`, log softmax(logits) before temperature,
-penalties and top-k/top-p: equal to the contract at T=1 and when greedy, not at other T. With
-`--logprobs-mode processed_logprobs` it returns them after temperature *and* the top-k/top-p
-cut (renormalised): equal to the contract at any T when there is no cut. Set `server_logprobs`
-to the mode the server runs with; a request outside the exact case warns once per case. Used
-read-only (evaluation rewards, judging) these log-probs are informational; a teacher or a
-baseline that uses them as the sampling distribution at T != 1 needs "processed" and no cut.
-
-Also: `version` is always 0 (the server's weights are its own; no trainer publishes them);
-`state_hash()` raises (the OpenAI API cannot read weights back); `health()` asks /v1/models.
-With dialect "vllm" the server's tokenizer is checked against the run's at start-up (/tokenize
-of a probe text): ids would mean different things otherwise.
-
-Scores (`score`, for a distillation teacher): one POST /v1/completions per row with prompt +
-completion as the `prompt`, `echo=true`, `logprobs=0`, `max_tokens=0`, the completions API's
-way to score given tokens (vLLM's OpenAI server answers it with its prompt log-probs); the
-echoed tokens must be exactly the ids sent (TokenDrift otherwise). Only at T = 1 (or T <= 0:
-softmax(logits)), since a server's prompt log-probs are of softmax(logits) (vLLM: at any
-request temperature and --logprobs-mode) and the API has no field for another T; other T raise
-ValueError (abilities.scores_at_any_temperature is False). `traingym serve` does not take
-`echo` yet, so it cannot be a scoring server.
-
-Not covered: chat completions (token ids in, token ids out needs the completions API),
-streaming, stop strings, beam search.
+Prompts go as token ids to /v1/completions (retries: rollout/http.py). dialect "vllm" adds top_k,
+stop_token_ids, ignore_eos and ids back, and checks the server's tokenizer; "standard" sends
+OpenAI's fields only and maps token strings to ids, raising TokenDrift on any mismatch.
+Log-probs are the server's. The contract is log softmax(logits / T) before any top-k/top-p cut:
+vLLM's "raw" mode meets it only at T = 1 or greedy, "processed" only without a cut; set
+`server_logprobs` to the server's mode (other cases warn once). `score` works only at T = 1.
+Not covered: chat completions, streaming, stop strings, beam search; `traingym serve` as a scorer.
 """
 
 from __future__ import annotations
@@ -246,8 +200,8 @@ class OpenAIEngine:
 
     async def score(self, prompts: list[list[int]], completions: list[list[int]],
                     temperature: float) -> list[list[float]]:
-        """rollout/base.py's `score` at T = 1 (module docstring: Scores), one request a row,
-        at most `max_concurrency` in flight."""
+        """rollout/base.py's `score` at T = 1 (module docstring), one request a row, at most
+        `max_concurrency` in flight."""
         if self._closed:
             raise RuntimeError("openai engine: score after close()")
         if temperature > 0 and temperature != 1.0:

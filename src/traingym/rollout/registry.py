@@ -1,21 +1,15 @@
 """The rollout engines, one `Registry` (core/registry.py): name -> "module:Class", lazy; and
 `build`, the one way to build an engine.
 
-An engine is one file with a class that implements rollout/base.py's `RolloutEngine` and
-two class-level members:
-
-- `Options`: a pydantic model of its own settings, read from `rollout.engine_options` (the
-  config validator checks them when the config is built, before any work starts);
+An engine is a class implementing rollout/base.py's `RolloutEngine`, plus one line in `ENGINES`,
+with two class-level members:
+- `Options`: a pydantic model of its settings, from `rollout.engine_options` (validated when
+  the config is built, before any work starts);
 - `from_context(ctx, model, tokenizer, options) -> engine`: `ctx` an EngineContext
-  (rollout/context.py: dtype, rows per batch, seed), `model`/`tokenizer` the weights as
-  traingym loaded them (an engine may copy, convert or save them; it must not keep the
-  caller's model object; an engine that takes no weights may get None), `options` its
-  validated Options;
-
-plus one line in `ENGINES`. A run picks one with `rollout.engine`: a name here, or a
-"module:Class" path to a class in any importable package. Engine modules import their heavy
-dependencies (vllm, an HTTP client) inside methods, so choosing the built-in engine never
-imports them.
+  (rollout/context.py); `model`/`tokenizer` as traingym loaded them (the engine may copy or
+  convert them but must not keep the caller's model; None for an engine that takes no weights).
+`rollout.engine` is a name here or a "module:Class" path. Engines import heavy dependencies (vllm,
+an HTTP client) inside methods, so choosing the built-in engine never imports them.
 """
 
 from __future__ import annotations

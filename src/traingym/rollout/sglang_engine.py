@@ -1,44 +1,15 @@
-"""Rollout engine over an SGLang server (GPU only: the `sglang` wheels are CUDA builds), through
-SGLang's native HTTP API.
+"""Rollout engine over an SGLang server's native HTTP API (GPU only: the sglang wheels are CUDA).
 
-Start: `from_context` writes the run's starting weights (the policy traingym loaded, cast to
-`model.engine_dtype`) as a safetensors folder with the model's config and tokenizer, and runs
-`python -m sglang.launch_server --model-path <folder> --host 127.0.0.1 --port <free> ...` with
-`Options.python` (an interpreter that has sglang; default: this one), its output in
-`<weights dir>/server.log`; or, with `Options.url`, it connects to a running server that serves
-the same weights (and must be able to read the weights folder: same machine or shared disk).
-
-Generate: one POST /generate per request, the prompt as `input_ids` repeated n times (a batch,
-so the radix cache shares the prompt), each sample with its own `sampling_seed` derived from
-(request seed, sample index), temperature (0: greedy, one sample repeated n times), top_p,
-top_k, max_new_tokens, stop_token_ids, `return_logprob=True`; ids and log-probs come from
-`meta_info.output_token_logprobs` ([log-prob, id, text] per token), cross-checked with
-`output_ids`. Seeded samples repeat exactly only on a server started with
-`--enable-deterministic-inference` (SGLang's docs); otherwise the seed is a hint.
-
-Log-probs: SGLang's sampler (python/sglang/srt/layers/sampler.py) returns, for sampled rows,
-log(softmax(logits / T)) taken before top-k/top-p/min-p sampling, and for greedy rows
-log_softmax(logits): traingym's contract. `SGLANG_RETURN_ORIGINAL_LOGPROB=1` would switch them to
-before temperature; the engine launches the server with it set to false (a server it connects to
-must not have it set). Stop tokens: SGLang's `ignore_eos` also disables stop_token_ids, so
-with stop tokens it also ends at the model's own end-of-sequence ids (generation_config
-`eos_token_id`); that token is kept and the finish reason is "stop". With no stop tokens the
-engine sends ignore_eos and every completion runs to max_new_tokens.
-
-Weights: the engine serves in the dtype the run's weight sync sends (`model.engine_dtype`,
-resolved as run.py does). `update_weights(state, version)` writes the verified state (HF names,
-a tied tensor under each of its names: the wire sends it once) to
-`<weights dir>/v<version>/model.safetensors` and calls POST /update_weights_from_disk with
-`weight_version` = version; on success the previous version's folder is removed. With
-`verify_readback` > 0 it then reads the leading rows of that many tensors back
-(/get_weights_by_name) and compares them bit for bit with what it wrote. `state_hash()` is the
-hash of the state last written and loaded (SGLang cannot return whole weights over HTTP); the
-read-back is the check that the server holds it. Each update's write and load seconds are kept
-in `update_times`.
-
-Not covered (future work for the GPU cluster): /update_weights_from_tensor (CUDA IPC handles,
-no disk), /update_weights_from_distributed (NCCL broadcast from the trainer ranks after
-/init_weights_update_group), which skip the safetensors round trip; in-flight updates; LoRA.
+It writes the run's starting weights (`model.engine_dtype`), config and tokenizer to a folder and
+launches `sglang.launch_server` on it, or connects to `Options.url` (which must serve them). One
+POST /generate per request, the prompt batched n times so the radix cache shares it. SGLang's
+log-probs are traingym's contract (log softmax(logits / T) before top-k/top-p) unless
+SGLANG_RETURN_ORIGINAL_LOGPROB is set; its `ignore_eos` also disables stop_token_ids, so with stop
+tokens a completion may end at the model's own eos. `update_weights` writes safetensors, loads
+them with /update_weights_from_disk and reads back `verify_readback` tensors' leading rows;
+`state_hash()` is the hash of what was written and loaded (SGLang cannot return whole weights).
+Not covered: /update_weights_from_tensor and _from_distributed (no disk round trip), in-flight
+updates, LoRA; seeded samples repeat only with `--enable-deterministic-inference`.
 """
 
 from __future__ import annotations

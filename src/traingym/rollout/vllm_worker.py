@@ -2,44 +2,12 @@
 
     <.venv-vllm/bin/python> vllm_worker.py --model DIR --fd-in R --fd-out W [--dtype ...]
 
-It imports only the stdlib, vllm, torch and safetensors (traingym is not installed in that
-venv; rollout/vllm_engine.py starts it). It owns one `vllm.LLM` (engine core in this process,
-`VLLM_ENABLE_V1_MULTIPROCESSING=0`, so there is one process to watch and to kill) and answers
-JSON messages, one per line, on the pipe `--fd-in` with one reply line each on `--fd-out`.
-vLLM's own logging goes to stdout/stderr (the engine sends them to a log file), so it cannot
-corrupt the channel.
-
-Requests ({"op": ...}):
-- generate {"requests": [{prompt_ids, n, temperature, top_p, top_k, max_tokens,
-  stop_token_ids, seed}]} -> {"outputs": [[{token_ids, logprobs, finish_reason}] * n]}
-- score {"prompts": [[id]], "completions": [[id]], "temperature": T} -> {"logprobs": [[float]]}:
-  each completion token's log-prob given its prompt (prompt_logprobs of prompt + completion,
-  max_tokens=1, the sampled token discarded)
-- reload {"path": DIR} -> reload the weights in place from DIR's safetensors files
-- health -> {"pid", "served"}; shutdown -> reply, then exit.
-Every reply has "ok"; a failure is {"ok": false, "error": "<type>: <message>"} and the worker
-keeps serving. On start it sends {"ok": true, "ready": true, "pre_cut_logprobs": bool,
-"scaled_scores": bool, "vllm": version}.
-
-Log-probs: the LLM is built with `logprobs_mode="processed_logprobs"`: vLLM then returns
-log_softmax of the logits after temperature (greedy: the raw logits) and after top-k/top-p
-(v1/sample/sampler.py, ops/topk_topp_sampler.py). traingym's contract is the log-prob BEFORE
-the top-k/top-p cut, so a worker extension (`PreCutLogprobs`) wraps the sampler's top-k/top-p
-step to return log_softmax(logits / T) taken before the cut. Without a cut both are the same.
-Where the extension cannot install (another model runner), `pre_cut_logprobs` is false and the
-engine refuses requests that cut.
-
-Scores: vLLM computes prompt log-probs from the raw logits, log_softmax(logits), whatever the
-request's temperature or logprobs_mode (v1/worker/gpu_model_runner.py
-_get_prompt_logprobs_dict: "prompt tokens skip sampling processors"). traingym's score is of
-softmax(logits / T), so a second extension method (`traingym_logit_scale`) wraps the model's
-`compute_logits` to divide its fp32 result by a scale the worker sets to T for the length of
-one score call (and back to 1 after it). Score calls run alone (one message at a time), and
-their sampled token is discarded, so the scale touches nothing else. Where it cannot install,
-`scaled_scores` is false and the engine scores only at T = 1.
-
-The worker exits when its parent dies (it polls its parent pid; then it also removes
-`--owned-dir`, the engine's work folder) or when its command pipe closes.
+It imports only the stdlib, vllm, torch and safetensors (traingym is not installed in that venv;
+rollout/vllm_engine.py starts it). It owns one in-process `vllm.LLM` (one process to watch and
+kill) and answers JSON lines on `--fd-in` with one line each on `--fd-out` (protocol: `serve`);
+vLLM's logging goes to stdout/stderr, off the channel. Worker extensions (`PreCutLogprobs`) make
+vLLM's log-probs and scores meet traingym's contract. It exits when its parent dies (removing
+`--owned-dir`) or its command pipe closes.
 Not covered: stop strings, LoRA, tensor parallelism (one LLM per worker), streaming.
 """
 
@@ -66,10 +34,12 @@ import traceback  # noqa: E402
 
 class PreCutLogprobs:
     """vLLM worker extension (`worker_extension_cls`): methods here run inside vLLM's worker
-    through `LLM.collective_rpc`."""
+    through `LLM.collective_rpc`. Each returns False where it cannot install (another model
+    runner); the engine then refuses what needs it."""
 
     def traingym_pre_cut_logprobs(self) -> bool:
-        """Make the sampler report log_softmax(logits / T) before top-k/top-p."""
+        """Make the sampler report log_softmax(logits / T) before top-k/top-p: with
+        `processed_logprobs` vLLM reports them after the cut, and the contract is before it."""
         import torch
 
         runner = getattr(self, "model_runner", None)
@@ -91,7 +61,8 @@ class PreCutLogprobs:
         return True
 
     def traingym_logit_scale(self, scale: float) -> bool:
-        """Divide the logits the model computes by `scale` (1.0: unchanged) from now on."""
+        """Divide the logits the model computes by `scale` (1.0: unchanged) from now on. vLLM's
+        prompt log-probs are of the raw logits whatever the temperature: `score` sets T per call."""
         model = getattr(getattr(self, "model_runner", None), "model", None)
         if model is None or not callable(getattr(model, "compute_logits", None)):
             return False
@@ -170,6 +141,13 @@ def score(llm, vllm, prompts: list[list[int]], completions: list[list[int]],
 
 
 def serve(llm, vllm, fin, fout, served: str) -> None:
+    """Answer one JSON line per request ({"op": ...}) until shutdown or EOF:
+    - generate {"requests": [{prompt_ids, n, temperature, top_p, top_k, max_tokens,
+      stop_token_ids, seed}]} -> {"outputs": [[{token_ids, logprobs, finish_reason}] * n]}
+    - score {"prompts", "completions", "temperature"} -> {"logprobs": [[float]]}
+    - reload {"path": DIR} (weights in place); health -> {"pid", "served"}; shutdown.
+    Every reply has "ok"; a failure is {"ok": false, "error": "<type>: <message>"} and serving
+    goes on. `main` first sends {"ready", "pre_cut_logprobs", "scaled_scores", "vllm"}."""
     def reply(msg: dict) -> None:
         fout.write(json.dumps(msg) + "\n")
         fout.flush()

@@ -87,31 +87,25 @@ class Codec(Protocol):
     """encode(old, new) -> payload; decode(old, payload) -> new. Bit-exact."""
 
     type: str
-
     def encode(self, old: State | None, new: State) -> Payload: ...
-
     def decode(self, old: State | None, payload: Payload) -> State: ...
 
 
 @runtime_checkable
 class Sender(Protocol):
     """Sending end of a transport. Keeps the chain since the last anchor for late joiners."""
-
     def send(self, payload: Payload) -> None: ...
-
     def close(self) -> None: ...
 
 
 @runtime_checkable
 class Receiver(Protocol):
     """Receiving end. receive raises TransportTimeout or PeerDead, never hangs."""
-
     def receive(self, timeout: float) -> Payload: ...
 
     def resync(self, have_hash: str | None) -> None:
         """Ask for the last anchor and the deltas since (or the deltas after have_hash)."""
         ...
-
     def close(self) -> None: ...
 
 

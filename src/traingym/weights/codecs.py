@@ -1,34 +1,17 @@
 """The two codecs: `full` (every byte) and `delta` (against the receiver's current state).
 
-delta, per tensor, picks the smallest of:
-- sparse: changed positions, gap-coded and Rice-coded; values as the integer difference of
-  order-preserving bit keys (so +-1 ulp, across zero too, is a small number), zigzagged,
-  coded as an exponent class (zstd: its Huffman stage) plus raw low bits. Positions and
-  values are separate streams. Integer tensors and floats outside tiered's formats.
-- tiered (bf16, fp16, fp32, fp64; tiered.py): positions split by the old value's magnitude,
-  which the receiver holds (the smallest weights change on nearly every step and cost almost
-  nothing to locate); values as byte planes through zstd, ordered by old exponent. Where
-  0.4-5%-dense bf16 RL updates land. The encoder splits a tensor when it estimates a saving
-  worth the split's passes over the tensor at the link's speed; otherwise threshold 0 (no
-  split: on the RL step 1% more bytes than sparse, 2.8x faster to code and 1.4x to apply;
-  BENCHMARKS.md, the tier table).
-- xor: old ^ new, split into byte planes, zstd. For dense changes with large differences.
-- raw: the new bytes. Never worse than a full send of that tensor.
-Bit-exact for every dtype (floats get the key map, others are coded as plain integers):
-NaN payloads, infinities, -0.0 and subnormals round-trip. Vectorised numpy throughout; the
-per-element loops (change finding, listing small weights, Rice coding, the last decode step
-with the hash's movement) run in C where the package was built with a C compiler (native.py;
-the same bits, so either side decodes the other's payloads).
-
-Shards: with `threads` > 1 the encoder cuts the state into that many runs of about equal
-bytes (a tensor is cut where a run ends in it) and codes them in parallel; each piece is its
-own entry (`TensorEntry.span`), so any receiver applies pieces in parallel (`apply_changes`'s
-`threads`). The cost is a header entry and a fresh Rice/zstd start per cut.
-Both directions report their changes (`Changes`): the encoder the changed positions and new
-bits (the publisher updates its shadow from them) and both the additive hash's movement
-(lthash.py), from the old and new bits of each changed element, in O(changes).
-Not covered: GPU tensors (export to CPU first), structure changes between versions
-(the publisher sends an anchor then), non-contiguous tensors.
+delta picks per tensor the smallest of: sparse (gap/Rice-coded positions, values as zigzagged
+differences of order-preserving bit keys, so +-1 ulp is small); tiered (floats, tiered.py: positions
+split by the old value's magnitude, which the receiver holds; values as zstd byte planes), where
+sparse RL updates land; xor (dense large changes); raw (never worse than full). Tiered splits only
+where the saving beats the extra passes at the link's speed (threshold 0 otherwise: 1% larger than
+sparse but 2.8x faster to code, BENCHMARKS.md "Where a delta's time goes").
+Bit-exact for every dtype (NaN payloads, -0.0, subnormals round-trip); numpy throughout, with the
+per-element loops in C where built (native.py, same bits). With `threads` > 1 the state is cut into
+runs of about equal bytes, coded and applied in parallel as separate entries. Both directions report
+their `Changes`, including the additive hash's movement (lthash.py), in O(changes).
+Not covered: GPU tensors (export to CPU first), structure changes (the publisher sends an anchor),
+non-contiguous tensors.
 """
 
 from __future__ import annotations
@@ -121,14 +104,12 @@ class DeltaCodec:
     def encode_changes(self, old: State | None, new: State, with_sum: bool = True,
                        cast: torch.dtype | None = None,
                        link_s_per_byte: float | None = None) -> tuple[Payload, Changes]:
-        """The payload, and its changes: the additive hash's movement (with_sum) and the
-        changed elements, so that the sender updates its hash and shadow in O(changes).
-        With `cast`, `new` holds the trainer's tensors (e.g. fp32 masters) and the target is
-        their cast to `cast`: each piece is cast and compared with `old` in one pass
-        (`extract.cast_changes`); the whole cast is made only for a piece that "xor" or "raw" may
-        code (5% changed or more). `link_s_per_byte`: the link's measured time per byte, where
-        known; a tensor then gets a tier only where the bytes it saves take longer to send
-        than its passes take (tiered.scan_bits); None: the fewest bytes."""
+        """The payload and its changes (the additive hash's movement, the changed elements), so the
+        sender updates its hash and shadow in O(changes). With `cast`, `new` holds the trainer's
+        tensors and the target is their cast: each piece is cast and compared in one pass
+        (`extract.cast_changes`), without a whole cast copy unless xor/raw may code it.
+        `link_s_per_byte` (None: fewest bytes) lets a tensor take a tier only where the bytes
+        saved take longer to send than its passes (tiered.scan_bits)."""
         if old is None:
             raise ValueError("delta needs a base state; send a full update first")
         if set(old) != set(new):
@@ -176,8 +157,7 @@ class DeltaCodec:
         if b is None and pos.size >= XOR_MIN_DENSITY * a.size:
             b = a.copy()  # the target piece, for "xor" and "raw"
             b[pos] = b_pos
-        # raw is priced at a.size, its element count, as len() of the array priced it in
-        # the codec before this (a.nbytes would be its bytes; kept so choices do not move)
+        # raw is priced at a.size, its element count (not a.nbytes): the choices are tuned to it
         method, bufs, params, size = "raw", None, (), a.size
         options = []
         if pos.size < 0.5 * a.size:

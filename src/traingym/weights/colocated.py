@@ -1,40 +1,16 @@
-"""Weight sync for the colocated loop: the trainer's Publisher and the engine's Subscriber in
-one process, over a real codec and transport (sync.py).
+"""Weight sync for the colocated loop: the trainer's Publisher and the engine's Subscriber in one
+process, over a real codec and transport (sync.py).
 
-`publish(trainer.export(), version)` after each optimizer step:
-1. the trainer's tensors are named as the engine's (`wire_views`: a tied tensor such as
-   `lm_head` = `embed_tokens` is sent once);
-2. the publisher casts them to the engine's dtype (fp32 masters -> bf16 for the default
-   engine) and encodes them: a delta against the previous version finds its changes in the
-   cast's own pass, chunk by chunk, without a cast copy of the model; a full update (first,
-   on the anchor budget, or when `auto` predicts full is faster) casts a copy; then sends it;
-3. the subscriber receives, checks the payload's body hash and base hash, applies, checks
-   the target hash (from the applied changes for a delta, sync.py), and resyncs from the
-   chain on any fault, until it holds `version`;
-4. only then the engine serves it (`update_weights`).
-Where the engine offers its own tensors (`writable_state`, the built-in engine) and they are
-what the publisher sends (names, dtype, shapes), the subscriber applies into them in place:
-no verified copy beside the engine's. They are written before the target hash is checked, so
-between the apply and the check they may hold an unverified state; the engine does not
-generate then (publish runs between generations and returns only with the version verified,
-after a resync if need be, or raises). Other engines (LoRA adapters, vLLM) get the
-subscriber's own verified copy. Either way the engine's tensors are never the trainer's:
-the publisher casts the trainer's tensors into its own (a same-dtype cast copies), so
-the trainer's optimizer step never changes what the engine serves.
-Memory beside the engine's copy, in engine-dtype copies of the model (538 MB for the 135M
-default in fp32): the publisher's shadow (1; needed to find the changes); the subscriber's
-state (0 in place, else 1); the transport's chain for resyncs: with inproc, nothing once the
-subscriber holds the version (`forget_chain`: an anchor it needs later is made from the
-publisher's shadow on demand, a transient copy), else the last anchor plus the deltas
-since (at most 1 + anchor_budget; on disk for filesystem, which also keeps the previous
-chain until the next anchor). An anchor's send holds one more transient copy (its payload).
-
-Transports: any the loop can select in the registry (registry.py): inproc (handed over in
-memory), shm (/dev/shm, removed on close), tcp (loopback sockets, a free port), filesystem
-(`<run dir>/weights`, removed on close), or a "module:ATTR" record from another package.
-Not covered: the dist transport (it needs a process group; its registry entry says why),
-engines in other processes (async mode: cluster/local.py's Publisher and each engine
-process's Subscriber, cluster/engine_process.py).
+`publish(trainer.export(), version)` names the trainer's tensors as the engine's (a tied tensor
+once), casts them to the engine's dtype while finding a delta's changes (no cast copy of the
+model), sends, and returns only once the subscriber holds `version` verified (resyncing on any
+fault). Where the engine offers its own matching tensors (`writable_state`) the subscriber
+applies into them in place; the engine does not generate between apply and check. The engine's
+tensors are never the trainer's, so an optimizer step cannot change what it serves.
+Memory beside the engine: the publisher's shadow, the subscriber's copy unless in place, and the
+transport's chain (none for inproc once caught up). Transports: any registry.py entry.
+Not covered: the dist transport (needs a process group), engines in other processes (async mode,
+cluster/local.py and cluster/engine_process.py).
 """
 
 from __future__ import annotations
@@ -135,11 +111,9 @@ class ColocatedSync:
         return stats
 
     def _adopt_engine_tensors(self, wire: State) -> None:
-        """Before the first update: the subscriber writes into the engine's own tensors when
-        they are exactly what is published (names, engine dtype, shapes, contiguous) and
-        share no memory with the trainer's (an engine handed the trainer's own tensors would
-        have every delta written into the masters, and read the optimizer's values as the
-        "old" ones: it gets the subscriber's own copy instead)."""
+        """Before the first update: apply into the engine's own tensors when they are exactly what
+        is published (names, engine dtype, shapes, contiguous) and share no memory with the
+        trainer's (else deltas would land in the masters); else use the subscriber's copy."""
         own = self._own
         trainer = {t.untyped_storage().data_ptr() for t in wire.values()}
         fits = set(own) == set(wire) and all(

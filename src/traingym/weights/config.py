@@ -44,7 +44,6 @@ class WeightsConfig(Strict):
     @field_validator("transport")
     @classmethod
     def _known_transport(cls, v: str) -> str:
-
         transport = registry.get(v)  # UnknownTransport (a ValueError) names the choices
         if transport.not_in_loop:
             raise ValueError(f"weights.transport={v!r} cannot be selected in the training loop:"

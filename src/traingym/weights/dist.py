@@ -3,12 +3,11 @@
 All ranks of the group take part in one round per publish, in lockstep:
     all_reduce(MAX) of "I need a resync" flags -> broadcast the frame count and sizes ->
     broadcast each frame in buckets of `bucket_bytes` (moved to `device`: "cuda" for NCCL).
-When any rank asked for a resync, the round carries the whole chain from the last anchor;
-ranks that did not need it skip the versions they hold. The caller initialises the process
-group (gloo on CPU, NCCL on GPU) with the timeout it wants: a dead peer makes the collective
-fail, at the latest after that timeout, and this transport raises PeerDead.
-Covered: gloo on CPU (tested over processes). Not covered: NCCL is written but was not run
-here (no GPU); `receive(timeout)` cannot stop earlier than the group's own timeout.
+When any rank asked for a resync, the round carries the whole chain from the last anchor; ranks that
+did not need it skip the versions they hold. The caller initialises the process group with the
+timeout it wants: a dead peer fails the collective after it, raised as PeerDead.
+Covered: gloo on CPU (tested over processes). Not covered: NCCL is untested; `receive(timeout)`
+cannot stop earlier than the group's own timeout.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Directory transport (a filesystem, or an object store mounted as one), and shared memory.
 
-Layout under `root`:
-    000000000012-full.tgw, 000000000013-delta.tgw ...   one frame per file
-    HEAD        JSON marker: the chain (file, version, hash) from the last anchor, the
-                sender's pid and host, and whether it closed. Written last, atomically.
-    HEARTBEAT   rewritten every `heartbeat_s` by the sender while it lives.
-Publish is atomic: a frame is written to a temporary name, fsynced, renamed, and only then
-listed in HEAD (also written by rename). A sender that dies mid-publish leaves a temporary
-file that no reader ever opens; receivers stay on their last verified version. Receivers
-are resumable: they keep the hash they last delivered and read only the files after it,
-or the chain from the anchor when it is gone. Files of chains older than the previous one
-are deleted when an anchor is published.
-
-`shm` is the same protocol under /dev/shm (POSIX shared memory is a tmpfs: what shm_open
-maps), with no fsync, zero-copy mmap reads, and the sender's liveness also checked by pid.
+Under `root`: one frame per file (`000000000012-full.tgw`, `...-delta.tgw`), `HEAD` (JSON: the chain
+from the last anchor, the sender's pid and host, whether it closed) and `HEARTBEAT` (rewritten every
+`heartbeat_s`). A frame is written to a temporary name, fsynced and renamed before HEAD (also
+renamed) lists it, so a sender that dies mid-publish leaves nothing a reader opens. Receivers resume
+from the hash they last delivered, or from the anchor when it is gone; chains older than the
+previous one are deleted at each anchor.
+`shm` is the same protocol under /dev/shm, with no fsync, zero-copy mmap reads and a pid liveness
+check.
 Not covered: object stores without atomic rename (S3 needs a conditional-put marker).
 """
 

@@ -1,8 +1,8 @@
 """Hashes of states and payloads, and zero-copy views of tensor bits.
 
-xxh3-128 (about 29 GB/s per core here): it detects corruption and mix-ups of versions, it
-does not resist an adversary who forges payloads (use an authenticated channel for that).
-A state hash covers every tensor's name, dtype, shape and bytes, in sorted name order.
+xxh3-128 detects corruption and mix-ups of versions at memory speed; it does not resist an adversary
+who forges payloads (use an authenticated channel for that). A state hash covers every tensor's
+name, dtype, shape and bytes, in sorted name order.
 """
 
 from __future__ import annotations

@@ -1,51 +1,16 @@
 """An additive (homomorphic) hash of a state, updated from its changes alone.
 
-The hash of a state is the sum, over every element, of an element hash h(name, position,
-value bits) in (Z_2^64)^LANES. A change at one position from value u to v moves the sum by
-h(name, pos, v) - h(name, pos, u), so both ends of a weight sync keep the hash of their state
-current in O(changes) (`change_sum`): the sender from the changes it extracted, the receiver
-from the ones it applied (the old values it read, the new ones it wrote). Sums commute, so
-the order of the changes, and how the state is split into shards, do not matter. This is
-the incremental hashing paradigm of Bellare and Micciancio ("A new paradigm for
-collision-free hashing: incrementality at reduced cost", EUROCRYPT 1997: AdHash, and the
-lattice hash LtHash), in the lane-vector form Lewi et al. deployed ("Securing update
-propagation with homomorphic hashing", Facebook, IACR ePrint 2019/227: LtHash16, 1024 lanes
-of 16 bits, summed lane-wise).
-
-Element hash. Each tensor name gets two 64-bit keys per lane from BLAKE2b (keyed with
-`KEY`); an element's position and value bits are packed into one 64-bit word (injective for
-elements of up to 4 bytes in tensors of up to 2^32 elements; otherwise the position is mixed
-first, and two pairs coincide with probability 2^-64), and each lane is two rounds of the
-splitmix64 finaliser (a bijection on 64 bits) with the lane's keys added between them,
-vectorised with numpy over batches of positions (`CHUNK` at a time, in cache).
-
-Collision bound, for errors chosen without the key (corruption, loss, reordering, bugs): if
-the element hash were a random function, two states that differ in any set of positions
-differ by a sum of +-h over distinct (position, value) pairs, each with coefficient +-1, which
-is uniform in (Z_2^64)^LANES: equal hashes with probability 2^-(64 * LANES) = 2^-128 (the
-bound of the xxh3-128 state hash it stands beside, hashing.py). The splitmix rounds are not a
-cryptographic PRF, so, like xxh3, this does not resist an adversary who picks the corruption
-knowing the function (authenticate the channel for that). Resisting one is what LtHash16's
-parameters buy (Lewi et al. 2019, section 4: n = 1024 lanes mod 2^16, about 200 bits of
-security from the short-integer-solution problem, with a cryptographic XOF per element):
-2 KB of BLAKE2b/SHAKE output per element, which numpy cannot make at anything near memory
-speed (benchmarks/weight_sync.py --sections lthash measures both).
-
-Cost (the project's 2-core machine, heavily loaded by other jobs, one thread, CPU time;
-benchmarks/weight_sync.py --sections lthash and /tmp scripts, 2026-12-03): about 12 ns per
-element hashed in batches of 2^14 to 2^21, so about 24 ns per changed element (its old and
-new value); xxh3 over a bf16 state is about 0.13 ns per element. At about 1% changed the
-incremental check thus costs about what the two full hashes per delta it replaces did (the
-base re-hash and the target hash), less below that, and it follows the changes, not the
-model. From Python, one BLAKE2b call per element took about 1.7 us and an LtHash16-sized
-SHAKE-128 expansion (2 KB) about 27 us: 70x and 1100x the hash used here. With the C
-kernels (native.py: the same sums), `change_sum` and the receiver's fused apply hash each
-element in a plain loop: benchmarks/weight_sync.py --sections scaling reports the verify
-phase per changed element (BENCHMARKS.md).
-
-Not covered: the hash of a whole state from scratch at memory speed (`state_sum` is for tests
-and checks; the sync starts every chain from an anchor checked with xxh3 and keeps the sum
-relative to it, see sync.py).
+The hash is the sum over every element of h(name, position, value bits) in (Z_2^64)^LANES, so a
+change moves it by h(new) - h(old): both ends of a weight sync keep their state's hash current in
+O(changes) (`change_sum`), whatever the order of the changes or the sharding (Bellare and
+Micciancio's incremental hashing; Lewi et al.'s lane-vector LtHash, IACR ePrint 2019/227).
+The element hash is two splitmix64 rounds per lane with BLAKE2b-derived per-tensor keys,
+vectorised with numpy: collisions from errors chosen without the key have probability 2^-128
+(as the xxh3-128 state hash beside it, hashing.py). Like xxh3 it does not resist an adversary;
+LtHash16's cryptographic parameters would, at a cost numpy cannot pay at memory speed
+(benchmarks/weight_sync.py --sections lthash measures both).
+Not covered: hashing a whole state at memory speed (`state_sum` is for tests; sync.py keeps the
+sum relative to an anchor checked with xxh3).
 """
 
 from __future__ import annotations

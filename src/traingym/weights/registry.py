@@ -1,19 +1,13 @@
 """The weight-sync transports, one `Registry` (core/registry.py): each declares itself in its file.
 
-A transport is one file with a `TRANSPORT = Transport(...)` record (its name, how its config
-is built from the run's `weights` section, its sender and receiver classes, its abilities)
-plus one entry in `TRANSPORTS`: name -> "module:ATTR" (imported on first use). A run picks
-one with `weights.transport`: a name here, or a "module:ATTR" path to a record in any
-importable package (checked when the config is built).
-
-Who reads what:
-- the colocated loop (colocated.py): any transport the loop can select (`not_in_loop` empty);
-- async mode (cluster/local.py, engine_process.py): those that cross processes; engines get
-  the receiver class and config pickled (spawned processes import the class's module), and
-  connect again after a lost link only where the transport `reconnects`;
-- Ray (cluster/ray.py): those that cross nodes; the config validators (config.py) and their
-  error messages list the names by ability.
-
+A transport is one file with a `TRANSPORT = Transport(...)` record (name, config from the run's
+`weights` section, sender and receiver classes, abilities) plus one entry in `TRANSPORTS`: name ->
+"module:ATTR", imported on first use. `weights.transport` is a name here or a "module:ATTR" path
+(checked when the config is built).
+Readers select by ability: the colocated loop (colocated.py) any with empty `not_in_loop`; async
+mode (cluster/local.py, engine_process.py) those that cross processes, pickling the receiver class
+and config, reconnecting only where the transport `reconnects`; Ray (cluster/ray.py) those that
+cross nodes.
 Not covered: choosing a transport per engine (one transport per run).
 """
 

@@ -1,38 +1,15 @@
 """Publisher (trainer side) and Subscriber (engine side): versions, anchors, verification.
 
-Every update names its base version and hash and its target version and hash. The
-publisher keeps a shadow of what receivers hold, sends deltas against it, and sends a full
-update (an anchor) first, when the structure changes, and whenever the delta bytes since the
-last anchor would pass `anchor_budget` x the full size; a late joiner thus needs at most one
-anchor plus deltas worth about one more full transfer. With codec "auto" it also sends a full
-update when, from its measured link and encode rates, that would be faster.
-
-Verification costs follow the change, not the model. An anchor's target hash is the xxh3
-hash of the whole state (hashing.py), which the receiver checks after applying it. A delta's
-target hash names the anchor's hash and the additive hash's movement since that anchor
-(lthash.py: `identity`): the publisher moves its sum by the changes it extracted, the
-subscriber by the changes it applied (the old bits each write replaced, the new bits it
-wrote), O(changes) on both sides; a changed value the delta does not carry, a wrong value
-or position, a lost or reordered update leaves the two sums apart. Every
-`full_hash_every`-th delta also carries the target's xxh3 hash, which the subscriber checks
-over its whole state: the periodic full check, which also catches a weight changed behind
-the subscriber's back where no delta writes (with `verify_base` the subscriber re-hashes its
-state before every delta instead, today's cost of two passes over the state per delta).
-
-The subscriber checks the payload's body hash before touching any weight, refuses a delta
-whose base hash is not its own, applies it, and marks itself servable only when its hash
-matches the target hash. It skips updates to versions it holds, except an anchor of its
-version under another name (a chain renamed by `Publisher.reanchor`, whose deltas follow). On any failure it asks the transport to resync (the deltas after
-its hash, or the last anchor and what followed) and keeps refusing until a consistent
-update arrives.
-
-A subscriber made with `reconnect` (a function of the hash it holds that returns a new
-receiver) survives a lost connection: when the receiver raises PeerDead (the sender was
-silent for its dead_after_s, closed the connection, or dropped this receiver as too slow) it
-closes it and connects again, saying what it holds, so a sender that is still there, or one
-restarted at the same address, answers with the deltas after that hash or an anchor. Until
-then it keeps serving its last verified version. Where connecting fails (the sender is gone
-for good) the error is raised as PeerDead, within the receiver's connect timeout.
+The publisher keeps a shadow of what receivers hold and sends deltas against it; a full update
+(anchor) goes first, on a structure change, when delta bytes since the last anchor pass
+`anchor_budget` x the full size (so a late joiner needs about two full transfers), or, with codec
+"auto", when it would be faster.
+Verification follows the change, not the model: an anchor's target hash is the xxh3 state hash
+(hashing.py), a delta's the anchor's hash plus the additive hash's movement (lthash.py), which both
+sides keep from the changes; every `full_hash_every`-th delta also carries a full hash.
+The subscriber checks the body hash before touching a weight, refuses a delta on another base, is
+servable only at the target hash, and resyncs through the transport on any failure; with `reconnect`
+it survives a lost sender (PeerDead), serving its last verified version meanwhile.
 Not covered: applying while the engine generates (call `poll` between generations).
 """
 
@@ -248,10 +225,9 @@ class Publisher:
         phases["shadow"] = time.perf_counter() - t0
 
     def _cast_anchor(self, state: State, cast: torch.dtype, reason: str) -> State:
-        """The anchor's target, `state` cast: into the shadow's own tensors when it has the
-        same structure (it becomes the shadow anyway), else into new tensors. A fresh copy of
-        the model per full send made the loop's anchor encode 0.32-0.85 s against 0.09-0.25 s
-        (BENCHMARKS.md, the loop before/after rerun)."""
+        """The anchor's target, `state` cast: into the shadow's own tensors when it has the same
+        structure (it becomes the shadow anyway), else into new tensors, saving a model-sized
+        copy per full send."""
         if reason in ("first", "structure"):
             return {k: v.detach().to(cast, copy=True).contiguous() for k, v in state.items()}
         for k, v in state.items():

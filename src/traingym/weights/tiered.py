@@ -1,31 +1,17 @@
 """The delta codec's "tiered" method: sparse float changes coded given the receiver's base.
 
-In a low-precision RL update most weights change only when their fp32 master crosses a
-rounding boundary (a chance of about |step| / ulp per step), but the smallest weights have an
-ulp below the step and change on nearly every step, by many ulps. benchmarks/delta_context.py
-measured it on SmolLM2-135M (bf16, AdamW lr 1e-6): after the first step, the 0.3-0.6% of
-weights below about 2^-11 are 30-90% of the changed elements, and which elements changed
-costs 1.6-5.7 bits per change given the old exponent instead of 7.9-8.9. The receiver holds
-the old values, so:
-
-- Tier S is every element whose old magnitude is below a bound the encoder picks per tensor
-  (an exponent threshold, from exact counts of the changed elements and a strided sample of
-  all of them). Both sides list S with one pass over the base (`small_positions`). Within S
-  the encoder sends which elements changed, or which did not where that is fewer, as
-  gap-coded ranks in S.
-- Tier R (the rest) sends its changed positions as gap-coded ranks among the elements not
-  in S, so the dense S does not lengthen its gaps.
-- Values are the key differences (as in "sparse"), zigzagged in the dtype's width, S's
-  first, ordered by old exponent (an order both sides can compute, so zstd's per-block
-  Huffman tables see one exponent's values at a time), then R's; their byte planes (low
-  bytes, then high) in one zstd frame. No bit packing on either side, and on these updates
-  no larger than exponent classes plus raw low bits (delta_context.py compares the two).
-- Threshold 0 is no tier: every change in R, its ranks plain positions, no pass over the
-  base on either side. The encoder uses it where no tier saves enough, and where the link is
-  fast enough that the bits a tier saves cost less time than its listing passes (`scan_bits`:
-  at ~1% changed a tier saves about a fifth of the bytes, 1.9 MB of 9.2 for the 1.08 GB
-  state, 15 ms at 1 Gbit/s, and costs both sides ~0.35 s of passes over it).
-All streams go in one buffer (fewer 64-byte frame paddings); their lengths are params.
+In a low-precision RL update most weights change only when their fp32 master crosses a rounding
+boundary, but the smallest have an ulp below the step and change on nearly every step; given the old
+exponent, which the receiver holds, which elements changed costs far fewer bits
+(benchmarks/delta_context.py). So:
+- Tier S: elements whose old magnitude is below a per-tensor exponent threshold; both sides
+  list S in one pass over the base (`small_positions`); the encoder sends which of S changed
+  (or which did not, if fewer) as gap-coded ranks in S.
+- Tier R (the rest): changed positions as gap-coded ranks among elements not in S.
+- Values: key differences (as "sparse"), zigzagged, S's ordered by old exponent so zstd's
+  per-block tables see one exponent at a time; byte planes in one zstd frame.
+- Threshold 0 is no tier (no pass over the base), chosen where no tier saves MIN_GAIN or the
+  link is fast enough that the saved bits cost less time than the listing passes (`scan_bits`).
 Not covered: non-float dtypes and float formats outside MANTISSA_BITS ("sparse" codes them).
 """
 
@@ -43,16 +29,12 @@ MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23, torch.
 SAMPLE = 1 << 10  # elements sampled per tensor to estimate the exponent histogram
 CHUNK = 1 << 19  # elements per step of the pass over the base (stays in cache)
 MIN_GAIN = 0.02  # a tier must save this fraction of the estimated position bits
-# Each element of S costs both sides time (listing, ranks) whether it changed or not, so the
-# threshold's cost counts it at S_PRICE bits: S then holds the elements that nearly always
-# change, and on a first AdamW step (most weights moved by one ulp, where a split saves ~10%
-# of the position bits at best) the tier does not list most of the model.
+# Each element of S costs both sides time whether it changed or not, so the threshold's cost
+# counts it at S_PRICE bits: S holds only elements that nearly always change (on a first AdamW
+# step, where most weights move one ulp, the tier does not list most of the model).
 S_PRICE = 0.1
 # Both sides' extra time per element of a tensor coded with a tier rather than without
-# (threshold 0): the listing passes, the counts and the exponent order, one thread each.
-# 0.65 ns on this project's 2-core EPYC (benchmarks/weight_sync.py --sections tier, in
-# benchmarks/results/weight_sync_scaling_notier.json): at ~1% changed a tier pays on links
-# below about 5 MB/s.
+# (threshold 0), one thread each (benchmarks/results/weight_sync_scaling_notier.json).
 LIST_S = 0.65e-9
 NO_TIER = np.empty(0, np.int64)  # S under threshold 0: no tier, every change in R
 NO_TIER.flags.writeable = False
@@ -142,13 +124,11 @@ def _xlog1(v: float) -> float:
 
 def plan(a: np.ndarray, e_changed: np.ndarray, mbits: int,
          scan: float = 0.0) -> tuple[int, np.ndarray | None]:
-    """-> (T, S): the exponent threshold with the lowest estimated position cost and the
-    sorted positions of the elements below it; (0, None) when no tier saves MIN_GAIN.
-    Changed elements are counted exactly, the others from a strided sample; the pass then
-    lists S, whose exact counts may lower T (a sample misjudges the rare small exponents of a
-    large tensor, such as the embedding). `scan` (scan_bits) charges any tier for the listing
-    passes, so that on a fast link, where the bits a tier saves take less time to send than
-    the passes take, the plan lists nothing. With the C kernels, one call does all of it."""
+    """-> (T, S): the exponent threshold with the lowest estimated position cost and the sorted
+    positions below it; (0, None) when no tier saves MIN_GAIN. Changed elements are counted
+    exactly, the rest from a strided sample, and S's exact counts may then lower T (a sample
+    misjudges a large tensor's rare small exponents). `scan` (scan_bits) charges a tier for its
+    listing passes."""
     if native.lib is not None:
         return native.plan(a, e_changed, mbits, SAMPLE, S_PRICE, scan, MIN_GAIN)
     n_e = 1 << (8 * a.itemsize - 1 - mbits)
