@@ -9,18 +9,17 @@ from __future__ import annotations
 import os
 
 import pytest
+from toy_engine import RecomputeEngine  # noqa: E402  (tests/ is on sys.path)
 
 import traingym
 from traingym.core.errors import ConfigError
+from traingym.loop.build import build_run
+from traingym.loop.sync import train_loop
 from traingym.observability.events import read_events
 from traingym.rollout import registry
-
-from traingym.loop.sync import train_loop
-from traingym.loop.build import build_run
+from traingym.rollout.base import EngineAbilities
 from traingym.weights.colocated import wire_state
 from traingym.weights.hashing import state_hash
-
-from toy_engine import RecomputeEngine  # noqa: E402  (tests/ is on sys.path)
 
 
 def test_sync_run_with_a_toy_engine_registered_in_one_line(tmp_path, monkeypatch):
@@ -72,11 +71,11 @@ def test_async_run_builds_the_toy_engine_in_its_process(tmp_path, monkeypatch):
 
 
 class ReadOnly(RecomputeEngine):
-    abilities = registry.EngineAbilities(takes_weights=False, crosses_processes=True)
+    abilities = EngineAbilities(takes_weights=False, crosses_processes=True)
 
 
 class SyncOnly(RecomputeEngine):
-    abilities = registry.EngineAbilities(takes_weights=True, crosses_processes=False)
+    abilities = EngineAbilities(takes_weights=True, crosses_processes=False)
 
 
 def test_engine_names_options_and_abilities_are_checked_before_any_work(tmp_path):

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from prereq import missing
+
 from traingym.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,10 +50,10 @@ def _prompt_ids(tok) -> list[int]:
 def test_transformers_loads_it_and_logits_match(tiny_run, exported):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from traingym.config.load import build_config
     from traingym.config.engines import engine_context
-    from traingym.rollout.registry import build
+    from traingym.config.load import build_config
     from traingym.core.types import GenerationRequest, SamplingParams
+    from traingym.rollout.registry import build
 
     names = {p.name for p in exported.iterdir()}
     assert {"config.json", "model.safetensors", "generation_config.json",
@@ -148,8 +148,10 @@ def _head_dim_32_run(tmp: Path) -> Path:
 def test_vllm_loads_the_export(tmp_path):
     if not VLLM_PY.exists():
         missing(f"{VLLM_PY} is absent (bash scripts/setup_vllm.sh builds it)")
-    from traingym.eval.specs import ModelSpec, build_engine_for, run_config
+    from traingym.config.load import run_config
     from traingym.core.types import GenerationRequest, SamplingParams
+    from traingym.eval.specs import build_engine_for
+    from traingym.models.spec import ModelSpec
 
     run = _head_dim_32_run(tmp_path)
     assert main(["export", str(run), str(tmp_path / "hf")]) == 0

@@ -28,7 +28,8 @@ def test_lora_run_compare_and_export(tmp_path):
 
     from transformers import AutoModelForCausalLM
 
-    from traingym.eval.specs import build_engine_for, resolve_spec, run_config
+    from traingym.config.load import run_config
+    from traingym.eval.specs import build_engine_for, resolve_spec
 
     assert main(["export", str(run), str(tmp_path / "hf")]) == 0
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()

@@ -17,7 +17,8 @@ import pytest
 from prereq import require
 
 import traingym
-from traingym.envs.judge import JudgeConfig, JudgeError, ParseFailure, parse_score
+from traingym.envs.judge import JudgeError
+from traingym.envs.judge_config import JudgeConfig, ParseFailure, parse_score
 
 ANSWER = re.compile(r"Student answer: (.*?)\n\nIs the student", re.S)
 
@@ -220,11 +221,11 @@ def test_a_run_checkpoint_judges(tmp_path):
 
 def _episodes(cfg: JudgeConfig, completions: list[str]):
     """Step one JudgeEnv per completion concurrently; (results, the judge used)."""
+    from traingym.core.types import Completion
     from traingym.envs.judge import JudgeMaker
     from traingym.envs.render import PromptRenderer
     from traingym.envs.resources import RunResources
     from traingym.models.loader import tiny_tokenizer
-    from traingym.core.types import Completion
 
     tok = tiny_tokenizer()
     renderer = PromptRenderer(tok, "The answer is")

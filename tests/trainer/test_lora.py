@@ -11,8 +11,8 @@ pytest.importorskip("peft")
 
 import traingym  # noqa: E402
 from traingym.models.loader import tiny_model, tiny_tokenizer  # noqa: E402
+from traingym.models.lora import adapter_state, apply_lora, merged_state
 from traingym.observability.events import read_events  # noqa: E402
-from traingym.trainer.lora import adapter_state, apply_lora, merged_state  # noqa: E402
 from traingym.trainer.config import LoraConfig  # noqa: E402
 
 

@@ -5,11 +5,12 @@ import asyncio
 
 import pytest
 
+from traingym.core.toolcalls import BadCall, HermesParser, ToolCall
+from traingym.core.types import Completion
 from traingym.envs.render import PromptRenderer
-from traingym.envs.tools import BadCall, HermesParser, ToolCall, ToolTask, run_call, tool_schema
+from traingym.envs.tools import ToolTask, run_call, tool_schema
 from traingym.envs.transcript import Transcript
 from traingym.models.loader import tiny_tokenizer
-from traingym.core.types import Completion
 
 
 def multiply(a: int, b: int = 2) -> int:

@@ -32,6 +32,7 @@ from traingym.cluster.engine_process import EngineSpec, Job, engine_main, tokeni
 from traingym.core import trace
 from traingym.core.errors import ConfigError
 from traingym.core.precision import engine_dtype
+from traingym.core.registry import one_of
 from traingym.envs.config import TaskConfig
 from traingym.rollout import registry as engines
 from traingym.rollout.config import RolloutConfig
@@ -75,7 +76,7 @@ def _transport(weights_cfg, run_dir: Path, host: str = "127.0.0.1"):
     t = weights_cfg.transport
     if not registry.get(t).abilities.crosses_processes:
         raise ValueError(f"weights.transport={t!r} does not reach other processes; choose "
-                         f"{registry.one_of(registry.able('crosses_processes'))}")
+                         f"{one_of(registry.able('crosses_processes'))}")
     scratch = run_dir / "weights-engines"
     if scratch.exists():
         shutil.rmtree(scratch)

@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from traingym.cluster.engine_process import EngineSpec, engine_main
 from traingym.cluster.local import EngineError, EnginesSetup, LocalEngines
 from traingym.cluster.ray_sandboxes import RemoteSandboxes, close_workers, start_workers
-from traingym.core.raycluster import join_cluster  # noqa: F401 (used here and re-exported)
+from traingym.core.raycluster import join_cluster
 
 
 class _ThreadQueue(queue.Queue):

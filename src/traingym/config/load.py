@@ -17,7 +17,6 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from traingym.config.schema import PRESETS, Config
-
 from traingym.core.errors import ConfigError, closest, did_you_mean
 from traingym.models import presets
 from traingym.models.presets import preset_settings

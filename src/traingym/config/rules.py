@@ -5,6 +5,7 @@ ValueError names the problem and the fix."""
 from __future__ import annotations
 
 from traingym.algorithms import registry as algorithms
+from traingym.core.registry import one_of
 from traingym.rollout import registry as engines
 from traingym.weights import registry as transports
 
@@ -102,7 +103,7 @@ def _async_needs(cfg) -> None:
     abilities = transports.get(cfg.weights.transport).abilities
     if cfg.mode == "async" and not abilities.crosses_processes:
         raise ValueError(f"mode='async' runs engines in other processes: weights.transport "
-                         f"must be {transports.one_of(transports.able('crosses_processes'))} "
+                         f"must be {one_of(transports.able('crosses_processes'))} "
                          f"(or another that crosses processes), not "
                          f"{cfg.weights.transport!r}")
     if cfg.cluster.type == "ray" and cfg.mode != "async":
@@ -110,5 +111,5 @@ def _async_needs(cfg) -> None:
                          "needs mode='async'")
     if cfg.cluster.type == "ray" and not abilities.crosses_nodes:
         raise ValueError("cluster.type='ray' sends weights to other nodes: weights.transport"
-                         f" must be {transports.one_of(transports.able('crosses_nodes'))} (or "
+                         f" must be {one_of(transports.able('crosses_nodes'))} (or "
                          f"another that crosses nodes), not {cfg.weights.transport!r}")

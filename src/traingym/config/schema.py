@@ -11,7 +11,7 @@ from pydantic import ConfigDict, Field, model_validator
 from traingym.algorithms.config import AlgorithmConfig
 from traingym.cluster.config import AsyncConfig, ClusterConfig
 from traingym.config import rules
-from traingym.core.errors import ConfigError, Strict, closest, did_you_mean  # noqa: F401
+from traingym.core.errors import Strict
 from traingym.envs.config import EvalConfig, TaskConfig
 from traingym.models.config import ModelConfig
 from traingym.observability.config import ObservabilityConfig

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from traingym.core.errors import Strict, did_you_mean  # noqa: F401
+from traingym.core.errors import Strict, did_you_mean
 from traingym.envs import adapters
 from traingym.envs.judge_config import JudgeConfig
 from traingym.envs.tasks import TASKS

@@ -19,9 +19,7 @@ from typing import Any
 
 from traingym.core.types import GenerationRequest, Observation, SamplingParams, StepResult
 from traingym.envs import resources
-from traingym.envs.judge_config import (  # noqa: F401 (re-exported: the judge's names)
-    DEFAULT_PROMPT,
-    FIELDS,
+from traingym.envs.judge_config import (
     JudgeConfig,
     ParseFailure,
     parse_score,

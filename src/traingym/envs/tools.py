@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from pydantic import TypeAdapter, ValidationError
 
-from traingym.core.toolcalls import BadCall, HermesParser, ToolCall, ToolCallParser  # noqa: F401
+from traingym.core.toolcalls import BadCall, HermesParser, ToolCall, ToolCallParser
 from traingym.envs.multi_turn import MultiTurnEnv, Reply
 from traingym.envs.render import PromptRenderer
 from traingym.envs.single_turn import RewardFn, score

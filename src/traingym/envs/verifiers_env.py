@@ -22,10 +22,11 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from traingym.core.toolcalls import HermesParser, ToolCall
 from traingym.core.types import Observation
 from traingym.envs.multi_turn import MultiTurnEnv, Reply
 from traingym.envs.render import PromptRenderer
-from traingym.envs.tools import HermesParser, ToolCall, tools_system_prompt
+from traingym.envs.tools import tools_system_prompt
 from traingym.envs.transcript import Transcript
 
 _ENVS: dict[tuple[str, str], Any] = {}  # (env_id, args as JSON) -> loaded environment

@@ -72,9 +72,9 @@ def _config(args, run_dir: Path | None):
         _merge,
         build_config,
         parse_overrides,
+        run_config_data,
         validate,
     )
-    from traingym.eval.specs import run_config_data  # heavy: pydantic, safetensors, torch
 
     extra = list(args.overrides)
     extra += [f"task.{k}={getattr(args, k)}" for k in ("reward", "env") if getattr(args, k)]

@@ -21,23 +21,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from traingym.config.load import build_config, validate
+from traingym.config.load import build_config, run_config, validate
 from traingym.config.schema import Config
 from traingym.core.errors import ConfigError
 from traingym.envs.evaluate import Score, collect, group_means, paired_difference, pass_at_k_score
 from traingym.envs.runner import EpisodeLimits
 from traingym.eval.specs import (
-    ModelSpec,
     build_engine_for,
     check_overlap,
     eval_rows,
     make_factory,
     prompt_key,
     resolve_spec,
-    run_config,
     weights_source,
 )
 from traingym.models.families import stop_token_ids
+from traingym.models.spec import ModelSpec
 
 SUMMARY, SAMPLES, COMPARE = "summary.json", "samples.jsonl", "compare.json"
 

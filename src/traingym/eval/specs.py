@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from traingym.config.engines import engine_context
-from traingym.config.load import RUN_CONFIG, run_config, run_config_data  # noqa: F401
+from traingym.config.load import run_config
 from traingym.config.schema import Config
 from traingym.core.errors import ConfigError
 from traingym.envs import adapters
@@ -24,9 +24,8 @@ from traingym.envs.factory import episode_factory
 from traingym.envs.tasks import builtin_task, exact_answer
 from traingym.loop.inputs import import_reward, resolve_env
 from traingym.models import spec as model_spec
-from traingym.models.spec import ModelSpec  # noqa: F401 (re-exported)
+from traingym.models.spec import ModelSpec
 from traingym.rollout import registry
-from traingym.runs.index import is_run_dir  # noqa: F401 (re-exported)
 
 
 def resolve_spec(text: str | Path, other: ModelSpec | None = None) -> ModelSpec:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from traingym.core.errors import Strict, did_you_mean  # noqa: F401
+from traingym.core.errors import Strict
 from traingym.models.presets import check_path
 
 

@@ -19,8 +19,7 @@ from typing import Any
 from traingym.core.errors import ConfigError, did_you_mean
 from traingym.core.registry import Registry, RegistryError
 from traingym.models import spec as model_spec
-from traingym.rollout.base import EngineAbilities, RolloutEngine  # noqa: F401 (re-exported)
-from traingym.rollout.context import EngineContext  # noqa: F401 (re-exported)
+from traingym.rollout.context import EngineContext
 
 ENGINES: dict[str, str] = {
     "torch": "traingym.rollout.torch_engine:TorchEngine",

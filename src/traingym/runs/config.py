@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from traingym.core.errors import Strict, did_you_mean  # noqa: F401
+from traingym.core.errors import Strict
 
 
 class CheckpointConfig(Strict):

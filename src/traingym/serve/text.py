@@ -14,7 +14,8 @@ import json
 import re
 from functools import lru_cache
 
-from traingym.envs.tools import BadCall, HermesParser, tools_system_prompt
+from traingym.core.toolcalls import BadCall, HermesParser
+from traingym.envs.tools import tools_system_prompt
 from traingym.serve.limits import ApiError
 
 PARSER = HermesParser()

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from traingym.models.lora import (  # noqa: F401 (re-exported: the model transforms)
+from traingym.models.lora import (
     adapter_state,
     apply_lora,
     delta,
-    lora_layers,
     merged_state,
 )
 from traingym.trainer.config import LoraConfig

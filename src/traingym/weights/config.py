@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from traingym.core.errors import Strict, did_you_mean  # noqa: F401
+from traingym.core.errors import Strict, did_you_mean
 from traingym.weights import registry
 
 
@@ -29,7 +29,7 @@ class WeightsConfig(Strict):
     threads: int = Field(1, ge=1, le=64, description="threads the delta codec codes with on the "
                          "trainer and applies with on each engine, each its own shard of the "
                          "state (2 on 2 cores: a 1 GB delta over tcp 1.8x faster, "
-                         "BENCHMARKS.md run 8)")
+                         "BENCHMARKS.md, End to end over TCP)")
 
     @field_validator("codec")
     @classmethod

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from traingym.core.registry import Registry, RegistryError, one_of  # noqa: F401 (re-export)
+from traingym.core.registry import Registry, RegistryError
 
 
 @dataclass(frozen=True)
