@@ -200,14 +200,6 @@ def test_toy_sandbox_by_path_async(tmp_path, monkeypatch):
     assert os.getpid() not in pids  # graded in the engine process
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a name registered in this process is unknown in the spawned engine processes, where "
-    "CodeEnv opens its sandboxes (BACKENDS.get('toy'): RegistryError); rollout/registry.py "
-    "solves this for engines only (build(..., cls=) from the trainer's process). Needs: the "
-    "engine processes (cluster/local.py EngineSpec -> engine_process.py) to get the trainer "
-    "process's registrations (e.g. each seam Registry's entries added since import, replayed "
-    "before the env factory is built), or a sandbox backend resolved to its class in the "
-    "trainer's process and pickled with the env maker"))
 def test_toy_sandbox_registered_async(tmp_path, monkeypatch, register):
     register(BACKENDS, "toy", "extensions.toy_sandbox:ToySandbox")  # the one line
     pids = _code_run(tmp_path, monkeypatch, "toy", ASYNC, {"async": {"engine_timeout_s": 20.0}},
@@ -264,7 +256,7 @@ CODEC_NEEDS = ("weights/sync.py Publisher accepts only codec 'auto'/'delta'/'ful
                "'module:Class' path (codec_choices lists registered names only)")
 
 
-@pytest.mark.xfail(strict=True, reason=CODEC_NEEDS)
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_toy_codec(mode, tmp_path, monkeypatch, register):
     register(CODECS, "toy_full", "extensions.toy_codec:ToyFullCodec")  # the one line
@@ -278,6 +270,6 @@ def test_toy_codec(mode, tmp_path, monkeypatch, register):
     assert [e["sync_codec"] for e in events] == ["toy_full"] * STEPS
 
 
-@pytest.mark.xfail(strict=True, reason=CODEC_NEEDS)
+
 def test_toy_codec_by_path(tmp_path):
     train(tmp_path, {"weights": {"codec": "extensions.toy_codec:ToyFullCodec"}})

@@ -21,12 +21,13 @@ import os
 import queue
 import traceback
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import xxhash
 
 from traingym.core import trace
+from traingym.core.registry import restore
 from traingym.core.types import SamplingParams
 from traingym.envs.config import TaskConfig
 from traingym.envs.factory import episode_factory
@@ -72,6 +73,7 @@ class EngineSpec:
     trace: bool = False  # record spans (core/trace.py) ...
     trace_dir: str | None = None  # ... into this shard folder (None: shipped with results)
     trace_node: str | None = None  # the Ray node that folder is on (None: this machine)
+    registries: dict = field(default_factory=dict)  # core/registry.py snapshot of the trainer's
 
 
 def tokenizer_fingerprint(tok) -> str:
@@ -250,6 +252,7 @@ class EngineProcess:
 
 def engine_main(spec: EngineSpec, requests, results) -> None:
     """Entry point of an engine process."""
+    restore(spec.registries)  # names the trainer's process registered (codecs, backends ...)
     if spec.trace:
         trace.start(spec.trace_dir, spec.role)
     try:

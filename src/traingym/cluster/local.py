@@ -32,7 +32,7 @@ from traingym.cluster.engine_process import EngineSpec, Job, engine_main, tokeni
 from traingym.core import trace
 from traingym.core.errors import ConfigError
 from traingym.core.precision import engine_dtype
-from traingym.core.registry import one_of
+from traingym.core.registry import one_of, snapshot
 from traingym.envs.config import TaskConfig
 from traingym.rollout import registry as engines
 from traingym.rollout.config import RolloutConfig
@@ -122,7 +122,8 @@ class LocalEngines:
                                entry.abilities.reconnects, start_version,
                                engines.get(setup.ctx.engine), setup.reward_fn, setup.env,
                                setup.group_reward, trace=trace.enabled(),
-                               trace_dir=trace.shard_dir(), trace_node=self.trace_node)
+                               trace_dir=trace.shard_dir(), trace_node=self.trace_node,
+                               registries=snapshot())
         self.tokenizer = tokenizer_fingerprint(setup.tokenizer)
         self.ctx = mp.get_context("spawn")
         self.inbox: queue.Queue = queue.Queue()

@@ -10,6 +10,7 @@ import error is a `RegistryError` (a ValueError) naming the key, the choices and
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any, Callable
 
 from traingym.core.errors import did_you_mean
@@ -29,6 +30,8 @@ class Registry:
         self._check = check
         self._error = error
         self._loaded: dict[tuple[str, Any], Any] = {}  # (name, target) -> checked object
+        self.module = sys._getframe(1).f_globals.get("__name__", "")  # where it is defined
+        _ALL[key] = self
 
     def names(self) -> list[str]:
         return sorted(self.entries)
@@ -70,6 +73,25 @@ class Registry:
         """The registered names whose object's `abilities.<ability>` is true."""
         return [n for n in (self.names() if names is None else names)
                 if getattr(self.get(n).abilities, ability)]
+
+
+_ALL: dict[str, Registry] = {}  # every registry made, by key
+
+
+def snapshot() -> dict[str, tuple[str, dict[str, str]]]:
+    """Every registry's "module:attr" entries (those registered at run time included), for a
+    process started to do a run's work (an engine process): `restore` there."""
+    return {k: (r.module, {n: t for n, t in r.entries.items() if isinstance(t, str)})
+            for k, r in _ALL.items()}
+
+
+def restore(snap: dict[str, tuple[str, dict[str, str]]]) -> None:
+    """Registries as `snapshot` saw them in the parent (their modules imported first)."""
+    for key, (module, entries) in snap.items():
+        if key not in _ALL and module:
+            importlib.import_module(module)
+        if key in _ALL:
+            _ALL[key].entries.update(entries)
 
 
 def one_of(names: list[str]) -> str:

@@ -59,7 +59,8 @@ class Payload:
 
     @property
     def is_anchor(self) -> bool:
-        return self.header.codec == "full"
+        """A whole state (any codec but the delta's): it needs no base."""
+        return self.header.codec != "delta"
 
     @property
     def nbytes(self) -> int:
@@ -120,4 +121,6 @@ CODECS = Registry("weights.codec", {
     "full": "traingym.weights.codecs:FullCodec",
     "delta": "traingym.weights.codecs:DeltaCodec",
 }, check=_codec)
-"""The codec classes by `UpdateHeader.codec` name, imported on first use."""
+"""The codec classes by `UpdateHeader.codec` name, imported on first use. `weights.codec`
+names a policy ('auto', 'delta', 'full': the built-in pair) or another full codec (a class
+with `delta = False`: every update whole, in its encoding; the receiver decodes with it)."""

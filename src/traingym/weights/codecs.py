@@ -75,6 +75,7 @@ class FullCodec:
     """Every tensor's bytes, copied (the payload must outlive later changes to the state)."""
 
     type = "full"
+    delta = False  # whole states: an anchor needs no base
 
     def encode(self, old: State | None, new: State) -> Payload:
         out = _Builder()
@@ -93,6 +94,7 @@ class DeltaCodec:
     of the payload (any receiver can apply them in parallel)."""
 
     type = "delta"
+    delta = True  # changes against a base, with the additive hash's movement (sync.py)
 
     def __init__(self, level: int = 1, threads: int = 1) -> None:
         self.level, self.threads = level, threads

@@ -38,10 +38,6 @@ from traingym.weights.sync import (
 )
 
 
-def codec_choices() -> list[str]:
-    return ["auto", *CODECS.names()]
-
-
 def wire_views(state: State) -> State:
     """The state's tensors as the engine's names them, not cast: detached, contiguous, and
     each aliased tensor (tied weights) once, under its first name in sorted order."""

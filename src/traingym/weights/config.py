@@ -34,11 +34,18 @@ class WeightsConfig(Strict):
     @field_validator("codec")
     @classmethod
     def _known_codec(cls, v: str) -> str:
-        from traingym.weights.colocated import codec_choices  # heavy: numpy, torch, zstandard
+        from traingym.weights.base import CODECS  # heavy: numpy, torch
 
-        if v not in codec_choices():
-            raise ValueError(f"unknown codec {v!r}; choose one of {codec_choices()}"
-                             f"{did_you_mean(v, codec_choices())}")
+        choices = ["auto", *CODECS.names()]
+        if v == "auto":
+            return v
+        if v not in choices and ":" not in v:
+            raise ValueError(f"unknown codec {v!r}; choose one of {choices} or give a "
+                             f"'module:Class' path{did_you_mean(v, choices)}")
+        codec = CODECS.get(v)  # a path that does not load: a RegistryError (ValueError)
+        if v not in ("delta", "full") and getattr(codec, "delta", False):
+            raise ValueError(f"weights.codec={v!r} is a delta codec: only the built-in "
+                             "'delta' is covered; a codec of your own is a full one")
         return v
 
     @field_validator("transport")

@@ -36,6 +36,7 @@ from traingym.weights.base import (
     State,
     TransportTimeout,
 )
+from traingym.weights.changes import Changes
 from traingym.weights.codecs import apply_changes
 from traingym.weights.frame import seal, verify_body
 from traingym.weights.hashing import state_hash
@@ -121,16 +122,23 @@ class PublishStats:
     encode_s unless a full hash needed it first); empty for a full update."""
 
 
+BUILT_IN = ("auto", "delta", "full")  # weights.codec policies over the built-in pair
+
+
 class Publisher:
     """publish(state, version) after each optimizer step; the state is not kept or mutated."""
 
     def __init__(self, sender: Sender, cfg: PublisherConfig = PublisherConfig()) -> None:
-        if cfg.codec not in ("auto", "delta", "full"):
-            raise ValueError(f"unknown codec {cfg.codec!r}; the publisher sends 'full' anchors "
-                             "and 'delta' updates (or picks per update: 'auto')")
         self.sender, self.cfg = sender, cfg
-        self.delta = CODECS.get("delta")(cfg.zstd_level, cfg.threads)
         self.full = CODECS.get("full")()
+        if cfg.codec not in BUILT_IN:  # another full codec: every update whole, in it
+            codec = CODECS.get(cfg.codec)
+            if getattr(codec, "delta", False):
+                raise ValueError(f"weights.codec={cfg.codec!r} is a delta codec: only the "
+                                 "built-in 'delta' is covered (the receiver's additive hash "
+                                 "reads its frames); a codec of your own is a full one")
+            self.full = codec()
+        self.delta = CODECS.get("delta")(cfg.zstd_level, cfg.threads)
         self.version: int | None = None
         self.hash: str | None = None  # the chain's name for the last version (not always xxh3)
         self._shadow: State | None = None
@@ -141,6 +149,16 @@ class Publisher:
         self._link_s_per_byte: float | None = None
         self._delta_s: float | None = None  # encode time of the last delta
         self._full_s: float | None = None  # encode time of the last full update
+
+    @property
+    def policy(self) -> str:
+        """'auto', 'delta' or 'full' (another codec is a full one)."""
+        return self.cfg.codec if self.cfg.codec in BUILT_IN else "full"
+
+    @property
+    def _full_name(self) -> str:
+        """The codec name receivers decode anchors by: the built-in's, or as configured."""
+        return "full" if self.cfg.codec in BUILT_IN else self.cfg.codec
 
     def _structure_changed(self, state: State, cast: torch.dtype | None) -> bool:
         s = self._shadow
@@ -161,9 +179,9 @@ class Publisher:
         reason = "delta"
         if self._structure_changed(state, cast):
             reason = "first" if self._shadow is None else "structure"
-        elif self.cfg.codec == "full":
-            reason = "codec=full"
-        elif self.cfg.codec == "auto" and self._full_predicted_faster(full_bytes):
+        elif self.policy == "full":
+            reason = f"codec={self.cfg.codec}"
+        elif self.policy == "auto" and self._full_predicted_faster(full_bytes):
             reason = "auto:full-faster"
         payload, changes, full_hash, wire, phases = None, None, "", None, {}
         if reason == "delta":
@@ -188,7 +206,8 @@ class Publisher:
                 full_hash = state_hash(self._shadow)  # the shadow is the target now
         anchor = payload.is_anchor
         header = dataclasses.replace(
-            payload.header, target_version=version, target_hash=target_hash,
+            payload.header, codec=payload.header.codec if not anchor else self._full_name,
+            target_version=version, target_hash=target_hash,
             base_version=None if anchor else self.version, base_hash=None if anchor else self.hash,
             full_hash=full_hash)
         payload = seal(Payload(header, payload.buffers))
@@ -243,8 +262,8 @@ class Publisher:
             return None
         payload = self.full.encode(None, self._shadow)
         target_hash = state_hash(self._shadow)
-        header = dataclasses.replace(payload.header, target_version=self.version,
-                                     target_hash=target_hash)
+        header = dataclasses.replace(payload.header, codec=self._full_name,
+                                     target_version=self.version, target_hash=target_hash)
         self._since_anchor, self._deltas = 0, 0
         self._anchor_hash, self._sum = target_hash, lthash.zero()
         self.hash = target_hash
@@ -263,6 +282,16 @@ class Publisher:
         t_delta = 2 * self._delta_s + delta_guess * self._link_s_per_byte
         t_full = 2 * (self._full_s or 0.0) + full_bytes * self._link_s_per_byte
         return t_full < t_delta
+
+
+def decode(state: State | None, payload: Payload, threads: int,
+           delta: bool) -> tuple[State, Changes]:
+    """The payload applied: the built-in frames by apply_changes (a delta with the additive
+    hash's movement), another full codec's by its own `decode` (CODECS, by header name)."""
+    name = payload.header.codec
+    if name in ("full", "delta"):
+        return apply_changes(state, payload, threads, with_sum=delta)
+    return CODECS.get(name)().decode(None, payload), Changes()
 
 
 @dataclass(frozen=True)
@@ -352,16 +381,16 @@ class Subscriber:
             self._ask()
             return False
         h = p.header
-        renamed = h.codec == "full" and h.target_hash != self.hash  # Publisher.reanchor
+        delta = h.codec == "delta"
+        renamed = not delta and h.target_hash != self.hash  # Publisher.reanchor
         if self.valid and (h.target_version < self.version
                            or h.target_version == self.version and not renamed):
             self.stats.skipped += 1
             return False
-        if h.codec == "delta" and (not self.valid or h.base_hash != self.hash):
+        if delta and (not self.valid or h.base_hash != self.hash):
             self.stats.refused += 1
             self._ask()
             return False
-        delta = h.codec == "delta"
         if delta and self.cfg.verify_base and state_hash(self._state) != self._local_full:
             self.valid = False
             self.stats.corrupt += 1
@@ -370,7 +399,7 @@ class Subscriber:
         self.valid = False  # from here on the tensors may be half-written
         try:
             with trace.span("decode", cat="weights", version=h.target_version, codec=h.codec):
-                new, changes = apply_changes(self._state, p, self.cfg.threads, with_sum=delta)
+                new, changes = decode(self._state, p, self.cfg.threads, delta)
         except (IntegrityError, BaseMismatch):
             self.stats.corrupt += 1
             self._ask()
