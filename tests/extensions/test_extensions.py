@@ -3,14 +3,11 @@ string in the config): engine, algorithm (its own knob and metric), env adapter 
 prefix), metric sink, sandbox backend, weight transport and codec. Each toy trains the tiny
 model in a sync run of 2 steps and, where the toy runs in or reaches the engine processes, in
 an async run; each test checks the toy was really used, from what the toy itself recorded.
-A test that needs any other edit to add its toy fails (a seam that is not one file plus one
-line is marked xfail(strict=True), its reason naming the src change it needs).
+A seam that needed any other edit to take its toy would fail here.
 
 The toys live in the `extensions` package (tests/ is on sys.path, tests/conftest.py), so the
-spawned async engine processes import them by the same names. Registrations made here are in
-this process only; a spawned engine process sees the tree's registries, which is why the async
-tests pass what the engine processes must load as "module:attr" strings where a registered name
-would not reach them (the sandbox backend: see its tests).
+spawned async engine processes import them by the same names; names registered in this process
+reach them through the engine spec (core/registry.py snapshot/restore).
 """
 
 from __future__ import annotations
@@ -211,12 +208,9 @@ def zero_reward(sample) -> float:
     return 0.0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "src bug found here, not an extension seam: in mode='async' a step whose groups are all "
-    "dropped (equal rewards: nothing trained, weights unchanged) is followed by a stall: the "
-    "engine process keeps polling weights and delivers nothing until async.engine_timeout_s "
-    "(EngineStalled); sync runs go on. Seen at HEAD with transports filesystem and shm"))
 def test_async_run_goes_on_after_a_step_that_trains_nothing(tmp_path):
+    """A step that changes no weight keeps the hash; the filesystem transport's reader still
+    delivers the versions after it (it stalled here once)."""
     events = train(tmp_path, ASYNC, {"async": {"engine_timeout_s": 10.0},
                                      "task": {"reward": "extensions.test_extensions:zero_reward"}})
     assert all(e["trained_tokens"] == 0 for e in events)

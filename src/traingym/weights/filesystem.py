@@ -141,9 +141,13 @@ class FilesystemReceiver:
 
     def _next_entry(self, head: dict) -> dict | None:
         chain = head["chain"]
-        for i, e in enumerate(chain):
-            if e["hash"] == self._last_hash:
-                return chain[i + 1] if i + 1 < len(chain) else None
+        # after the entry delivered last (its version and hash: a step that changes nothing
+        # keeps the hash), else after the first with the hash held (a resync), else the anchor
+        at = [i for i, e in enumerate(chain) if e["hash"] == self._last_hash]
+        exact = [i for i in at if chain[i]["version"] == self._last_version]
+        if exact or at:
+            i = (exact or at)[0]
+            return chain[i + 1] if i + 1 < len(chain) else None
         newer = [e for e in chain if e["version"] > self._last_version]
         return chain[0] if newer else None
 
