@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from traingym.config.load import build_config, run_config, validate
+from traingym.config.load import as_config, run_config
 from traingym.config.schema import Config
 from traingym.core import trace
 from traingym.envs.evaluate import Score
@@ -55,14 +55,7 @@ def train(config: Config | dict | str | Path | None = None, *, dataset=None, eva
     `def reward(sample) -> float` (single-turn). `env` builds an episode's Env from
     (example, renderer) instead, e.g. a MultiTurnEnv subclass or a ToolTask; `group_reward`
     maps the G samples of a group to their G rewards."""
-    if config is None:
-        cfg = build_config()
-    elif isinstance(config, Config):
-        cfg = config
-    elif isinstance(config, dict):
-        cfg = validate(config)
-    else:
-        cfg = build_config(file=config)
+    cfg = as_config(config)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     with Preemption() as preemption:  # SIGTERM stops at a step boundary (runs/preempt.py)
         run, start = build_run(cfg, run_dir, resume, dataset, eval_dataset, reward, progress,

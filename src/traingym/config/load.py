@@ -178,6 +178,17 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def as_config(config: Config | dict | str | Path | None) -> Config:
+    """A Config from a Config, a dict, a config file's path, or None (the embedded default)."""
+    if config is None:
+        return build_config()
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, dict):
+        return validate(config)
+    return build_config(file=config)
+
+
 def validate(data: dict) -> Config:
     settings = preset_settings(data)
     _check_preset_engine(data, settings)

@@ -23,8 +23,8 @@ def export(source: str | Path, out: str | Path, dtype: str | None = None) -> Pat
     import torch
     from transformers import GenerationConfig
 
-    from traingym.config.load import run_config
-    from traingym.eval.specs import load_weights, resolve_spec
+    from traingym.config.load import run_config  # heavy: safetensors, torch
+    from traingym.eval.specs import load_weights, resolve_spec  # heavy: safetensors, torch
     from traingym.models.loader import load_policy, resolve_path  # heavy: torch
 
     out = Path(out)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from traingym.config.load import build_config, run_config, validate
+from traingym.config.load import as_config, run_config
 from traingym.config.schema import Config
 from traingym.core.errors import ConfigError
 from traingym.envs.evaluate import Score, collect, group_means, paired_difference, pass_at_k_score
@@ -53,14 +53,10 @@ def _as_config(config, spec: ModelSpec) -> Config:
     """The eval config: the one given, else the spec's run's, else the default; model.path is
     the spec's model."""
 
-    if config is None:
-        cfg = run_config(spec.run_dir) if spec.run_dir is not None else build_config()
-    elif isinstance(config, Config):
-        cfg = config
-    elif isinstance(config, dict):
-        cfg = validate(config)
+    if config is None and spec.run_dir is not None:
+        cfg = run_config(spec.run_dir)
     else:
-        cfg = build_config(file=config)
+        cfg = as_config(config)
     return cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": spec.model_path})})
 
 
