@@ -35,7 +35,7 @@ start-up):
   across seeds, mean and standard error, and each configuration's difference to sync (equal
   CPU) on the same seed;
 - async: drops (too stale), mean staleness, restarts;
-- the simulator's prediction (cluster/simulate.py) next to each measurement, calibrated with
+- the simulator's prediction (plan/simulate.py) next to each measurement, calibrated with
   the engine's batch time measured alone here at the engine's thread count (1, or 2 for
   sync; two batch sizes, a line through them) and the run's own mean train and publish times
   (inputs the simulator does not model: they vary with what else shares the cores); env

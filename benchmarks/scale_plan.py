@@ -1,4 +1,4 @@
-"""Scale plan: the pipeline simulator (cluster/simulate.py) sizing a 7B-class GRPO run on 8, 64
+"""Scale plan: the pipeline simulator (plan/simulate.py) sizing a 7B-class GRPO run on 8, 64
 and 512 GPUs, sync against async, full against delta weight sync.
 
 Workload (stated, not measured): a 7B-parameter policy (bf16 weights 14 GB), GRPO with 16
@@ -15,7 +15,7 @@ docs/scale.md discusses them); the CPU-side costs of weight sync are the delta c
 figures measured here, read from benchmarks/results/weight_sync_compress.json
 (planner.codec_figures; BENCHMARKS.md "Weight sync").
 The configurations, their weight-sync costs and the sizing are `traingym plan`'s
-(cluster/planner.py: planner.candidates, planner.size_row), per scale:
+(plan/planner.py: planner.candidates, planner.size_row), per scale:
 - sync: colocated (every GPU trains, then generates; trainer_gpus = engines = GPUs), full
   weights in place (the publisher's and the subscriber's hashes);
 - async, staleness 1 and 2: the trainer/engine split searched by simulate.size_cluster (every
@@ -46,7 +46,7 @@ import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from traingym.cluster import planner
+from traingym.plan import planner
 from traingym.plan.simulate import SimConfig
 
 GB = 1e9

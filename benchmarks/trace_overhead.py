@@ -1,4 +1,4 @@
-"""What tracing costs (observability/trace.py): tiny-preset sync runs with
+"""What tracing costs (core/trace.py): tiny-preset sync runs with
 `observability.trace` on and off, alternated round by round in one process (this machine is
 shared and noisy, so the two are measured side by side), median of the rounds.
 

@@ -78,10 +78,8 @@ def _train_run(cfg: Config, run_dir: Path, run: Run, start: int) -> TrainResult:
         if before:
             show(_format("before", before))
         if cfg.sft.data is not None:  # the SFT warm start, then RL (loop/sft.py)
-
             sft_phase(run)
         if cfg.mode == "async":
-
             metrics = async_train_loop(run, start)
         else:
             metrics = train_loop(run, start)

@@ -69,7 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help (0), or a usage error _Parser.error reported (2)
         return e.code if isinstance(e.code, int) else 2
     if args.command == "dashboard":  # reads files only: started without torch's import time
-
         try:
             return dashboard(args)
         except (ValueError, FileNotFoundError) as e:  # ConfigError is a ValueError
@@ -101,10 +100,8 @@ def _command(args: argparse.Namespace) -> int:
     if args.command == "plan":
         return plan.run(args)
     if args.command == "serve":
-
         return serve(args)
     if args.command == "report":
-
         return report(args)
     if args.command in ("eval", "runs", "export"):
         return eval_cli.run(args)

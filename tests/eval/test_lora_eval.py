@@ -1,5 +1,5 @@
 """A LoRA run (trainer/lora.py) through eval and export: its checkpoint holds the adapter-injected
-state, which eval and export merge into the base (eval_specs.load_weights). --compare base RUN
+state, which eval and export merge into the base (eval/specs.py load_weights). --compare base RUN
 reproduces the run's before/after exactly (the merged weights are what its engine served with
 lora.sync='merged'), and the exported folder's logits equal the engine's on those weights."""
 

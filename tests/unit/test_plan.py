@@ -1,5 +1,5 @@
 """`traingym plan`: its rows are the simulator's results on configs built here by hand from
-the traingym config and the cluster flags (not with cluster/planner.py's builders); 'dist' rows are
+the traingym config and the cluster flags (not with plan/planner.py's builders); 'dist' rows are
 marked not runnable and never chosen; bad input is one `traingym: ...` line and exit 2;
 `traingym --help` stays light."""
 

@@ -55,6 +55,7 @@ class Algorithm:
     drop_equal_groups = True  # group-relative: all-equal rewards carry no signal
     needs_values = False  # a value head (algorithms/ppo.py)
     needs_teacher = False  # teacher log-probs per token (trainer/teacher.py)
+    check = None  # optional classmethod check(cfg): its own refusals (ValueError naming the fix)
 
     def __init__(self, knobs: Knobs | None = None, options: BaseModel | None = None):
         self.knobs = knobs or self.resolve()

@@ -76,6 +76,8 @@ class AlgorithmConfig(BaseModel):
             raise ValueError("algorithm.kl_estimator and kl_in apply only with "
                              "algorithm.kl_coef > 0")
         _own_options(self.name, dict(self.model_extra or {}))
+        for key, value in registry.get(self.name).Options().model_dump(mode="json").items():
+            self.__pydantic_extra__.setdefault(key, value)  # recorded, as a default (unset)
         if "max_sample_rounds" in self.model_fields_set and self.dynamic_sampling is False:
             raise ValueError("algorithm.max_sample_rounds applies only with dynamic_sampling")
         return self

@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from traingym.algorithms import registry as algorithms
+from traingym.algorithms.config import AlgorithmConfig
 from traingym.config.schema import PRESETS, Config
 from traingym.core.errors import ConfigError, closest, did_you_mean
 from traingym.models import presets
@@ -189,7 +191,25 @@ def as_config(config: Config | dict | str | Path | None) -> Config:
     return build_config(file=config)
 
 
+def _foreign_algorithm_keys(data: dict) -> list[str]:
+    """Keys of a raw `algorithm` section that no algorithm has (the section allows extras: an
+    algorithm's own options), for the loader's closest-key message."""
+    section = data.get("algorithm")
+    if not isinstance(section, dict):
+        return []
+    own = {k for n in algorithms.names() for k in algorithms.get(n).Options.model_fields}
+    try:  # a "module:Class" algorithm's own options
+        own |= set(algorithms.get(section.get("name", "grpo")).Options.model_fields)
+    except ValueError:
+        pass  # an unknown name: the section's validator names it
+    return [k for k in section if k not in AlgorithmConfig.model_fields and k not in own]
+
+
 def validate(data: dict) -> Config:
+    foreign = _foreign_algorithm_keys(data)
+    if foreign:
+        raise ConfigError("invalid config: " + "; ".join(
+            _unknown_key(f"algorithm.{k}", data["algorithm"][k]) for k in foreign))
     settings = preset_settings(data)
     _check_preset_engine(data, settings)
     data = _merge(settings, data)  # a model preset goes under the user's values
@@ -228,7 +248,23 @@ def run_config_data(run_dir: Path) -> dict:
         data = json.loads((run_dir / RUN_CONFIG).read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"{run_dir / RUN_CONFIG} is not valid JSON ({e.msg})") from None
-    return _non_default(_moved(data), Config().model_dump(mode="json"))
+    return _non_default(upgrade(data), Config().model_dump(mode="json"))
+
+
+def upgrade(data: dict) -> dict:
+    """A run's config.json as this version reads it: moved keys at their new place, and the
+    algorithm keys older versions wrote for every algorithm (PPO's, at their defaults) left
+    out where the run's algorithm has no such option."""
+    data = _moved(data)
+    section = data.get("algorithm")
+    if isinstance(section, dict):
+        try:
+            own = algorithms.get(section.get("name", "grpo")).Options.model_fields
+        except ValueError:
+            return data
+        for k in [k for k in section if k not in AlgorithmConfig.model_fields and k not in own]:
+            del section[k]
+    return data
 
 
 def _moved(data: dict) -> dict:

@@ -78,12 +78,15 @@ def _importance_on(cfg) -> None:
         raise ValueError("algorithm.entropy_coef needs the entropy's gradient, which the "
                          "gradient-checkpointing path (trainer/micro.py) does not keep: "
                          "set entropy_coef=0 or trainer.gradient_checkpointing=false")
-    
+
 
 def _algorithm_can_run(cfg) -> None:
     """What an algorithm declares it needs (algorithms/base.py), against the run's shape."""
     algo = algorithms.get(cfg.algorithm.name)
     name = cfg.algorithm.name
+    check = getattr(algo, "check", None)  # an algorithm's own refusals, if it has any
+    if check is not None:
+        check(cfg)
     if algo.needs_values:  # a value head beside the full model; GAE over the whole batch
         if cfg.trainer.data_parallel > 1:
             raise ValueError(f"algorithm.name={name!r} computes GAE and whitens advantages over "
@@ -94,7 +97,7 @@ def _algorithm_can_run(cfg) -> None:
         if cfg.distill.teacher is not None:
             raise ValueError(f"algorithm.name={name!r} with distill.teacher is not covered: "
                              "distillation has its own step; drop one of them")
-    
+
 
 
 def _async_needs(cfg) -> None:

@@ -295,7 +295,6 @@ class VerifiersEnv(MultiTurnEnv):
         vf = self.vf
         calls = []
         if self._tools:
-
             calls = [vf.ToolCall(id=f"call_{self.transcript.turns}_{i}", name=c.name,
                                  arguments=json.dumps(c.arguments))
                      for i, c in enumerate(HermesParser().parse(text))

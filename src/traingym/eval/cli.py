@@ -134,7 +134,9 @@ def _eval(args) -> int:
 
 
 def _runs(args) -> int:
-    runs = find_runs(args.dir)
+    from traingym.config.load import run_config  # heavy: pydantic, safetensors, torch
+
+    runs = find_runs(args.dir, read_config=run_config)
     print(table(runs) if runs else f"no runs under {args.dir}")
     return 0
 

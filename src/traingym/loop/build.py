@@ -21,6 +21,7 @@ import torch
 
 from traingym.cluster.preflight import check_cluster
 from traingym.config.engines import engine_context
+from traingym.config.load import upgrade
 from traingym.config.schema import Config
 from traingym.core import trace
 from traingym.core.errors import ConfigError
@@ -98,7 +99,7 @@ def prepare_run_dir(run_dir: Path, cfg: Config, resume: bool, write: bool = True
             raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it "
                                   "or choose another --run-dir")
         try:
-            previous = json.loads(config_path.read_text())
+            previous = upgrade(json.loads(config_path.read_text()))
         except json.JSONDecodeError as e:  # a start that died while writing it
             raise ConfigError(f"{config_path} is not valid JSON ({e.msg}), so the run cannot "
                               "be resumed; move the folder away or choose another --run-dir") \

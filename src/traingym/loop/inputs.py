@@ -59,7 +59,6 @@ def resolve_env(cfg: Config, env=None,
     if env is None:
         env = adapters.make(t.env, t.env_args)
     if env is None and t.judge is not None:
-
         env = JudgeMaker(t.judge)
     env = env or (import_reward(t.env, "task.env") if t.env else None)
     group = group_reward or (import_reward(t.group_reward, "task.group_reward")

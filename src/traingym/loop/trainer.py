@@ -43,7 +43,6 @@ def build_trainer(cfg: Config, model, pad_token_id: int):
 
         cls, extra = LoraTrainer, {"lora": cfg.lora}
     if cfg.distill.teacher is not None:  # on-policy distillation (algorithms/distill.py)
-
         importance = None
         extra["teacher"] = build_teacher(cfg.distill, cfg.model.path, model.config.vocab_size,
                                          cfg.seed, cfg.model.engine_dtype,

@@ -24,6 +24,5 @@ class ModelConfig(Strict):
     @model_validator(mode="after")
     def _preset_matches_path(self) -> ModelConfig:
         if self.preset is not None:
-
             check_path(self.preset, self.path)  # ConfigError / ValueError name the mismatch
         return self

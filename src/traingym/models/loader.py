@@ -72,7 +72,6 @@ def resolve_path(path: str) -> Path | None:
     if path == "tiny":
         return None
     if path == "embedded":
-
         return embedded_model_dir()
     check_model_path(path)
     return Path(path).expanduser()

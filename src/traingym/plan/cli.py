@@ -130,7 +130,6 @@ def model_params(path: str) -> int:
         model = tiny_model(tiny_tokenizer())
     else:
         if path == "embedded":
-
             folder = cache_dir() / "models" / EMBEDDED_NAME
             if (folder / "config.json").is_file():
                 config = AutoConfig.from_pretrained(folder)

@@ -195,17 +195,17 @@ def open_run(run_dir: str | Path, read_config=None) -> RunView:
     return RunView(run_dir, read_config)
 
 
-def find_runs(root: str | Path) -> list[RunView]:
+def find_runs(root: str | Path, read_config=None) -> list[RunView]:
     """`root` itself if it is a run, else the runs one or two levels below it, sorted by path."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a folder; give the folder that holds your runs "
                                 "(default: runs)")
     if is_run_dir(root):
-        return [RunView(root)]
+        return [RunView(root, read_config)]
     found = sorted({p.parent for pattern in ("*/config.json", "*/*/config.json")
                     for p in root.glob(pattern) if is_run_dir(p.parent)})
-    return [RunView(p) for p in found]
+    return [RunView(p, read_config) for p in found]
 
 
 def table(runs: list[RunView]) -> str:

@@ -163,7 +163,6 @@ def interpreter(python: str) -> Interpreter:
 def find_python(python: str | None) -> str:
     """The executable for an ImageSpec.python: None (the host's), a path, or a version."""
     if python is None:
-
         return host_python()
     if "/" in python:
         if not os.access(python, os.X_OK):

@@ -79,7 +79,6 @@ class DistributedTrainer:
         them; each rank gets them through its RankSpec."""
         t = trainer
         if algorithm is None:
-
             algorithm = GRPO()
         if dist.is_initialized():
             raise RuntimeError("trainer.data_parallel > 1: this process already holds a "
@@ -96,7 +95,6 @@ class DistributedTrainer:
             self.placement = RayPlacement(cluster, t.dist_timeout_s)
             threads = threads or 1
         else:
-
             self.placement = LocalPlacement()
             threads = threads or max(1, (os.cpu_count() or 1) // self.world)
         self.handles = []

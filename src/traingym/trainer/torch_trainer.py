@@ -45,7 +45,6 @@ class TorchTrainer:
         `algorithm`: an algorithms/base.py Algorithm (None: GRPO with its defaults).
         `teacher`: a trainer/teacher.py teacher, for an algorithm with `needs_teacher`."""
         if algorithm is None:
-
             algorithm = GRPO()
         if algorithm.needs_teacher and teacher is None:
             raise ValueError(f"algorithm {type(algorithm).__name__} needs a teacher "
@@ -69,7 +68,6 @@ class TorchTrainer:
         self.forward_model = wrap(model) if wrap is not None else model
         self.value_head = None  # algorithms with needs_values (trainer/value_head.py)
         if algorithm.needs_values:
-
             self.value_head = make_value_head(model)
         # trained beside the model, saved in checkpoints (runs/checkpoint.py), never exported
         self.extra_modules = ({"value_head": self.value_head} if self.value_head is not None
@@ -117,7 +115,6 @@ class TorchTrainer:
             teacher = self.teacher.logprobs(self, groups, chunks, rows)
         targets, token_adv, extra = None, None, {}
         if self.value_head is not None:  # V_old, GAE: once per batch, before the update
-
             with trace.span("values", cat="trainer"):
                 targets = value_targets(self, chunks, rows, refs)
             token_adv, extra = targets.advantages, {"hidden": True}

@@ -28,7 +28,7 @@ import torch
 from traingym.core import trace
 from traingym.core.ties import alias_groups
 from traingym.weights import registry
-from traingym.weights.base import CODECS, State
+from traingym.weights.base import State
 from traingym.weights.sync import (
     Publisher,
     PublisherConfig,
