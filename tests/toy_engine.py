@@ -29,6 +29,7 @@ class RecomputeEngine:
 
     abilities = EngineAbilities(takes_weights=True, inflight_updates=False,
                                 crosses_processes=True)
+
     @classmethod
     def from_context(cls, ctx, model, tokenizer, options):
         if os.environ.get("TOY_ENGINE_LOG"):  # tests read which processes built one

@@ -5,6 +5,8 @@ The sender writes each frame (weights/frame.py) to `<root>/<seq>-<codec>.tgw`, u
 temporary name first and then renamed, so a reader never sees half a frame; closing writes
 `CLOSED`. A receiver reads the files in sequence order, starting at the newest anchor;
 `resync` goes back to the newest anchor. Works across processes of one machine.
+Sends and receipts are logged to the file named by $TOY_TRANSPORT_LOG when set (tests/extensions):
+"send <dir> <seq> <codec> <bytes>" and "recv <dir> <pid> <seq>", <dir> the root's name.
 Not covered: liveness (a sender that dies without closing leaves receivers waiting until
 their timeout), deleting old frames (every frame stays until the run removes the directory).
 """
@@ -26,11 +28,18 @@ class ToyConfig:
     root: str
     type: str = "toy"
     poll_s: float = 0.005
+    log: str = ""
+
+
+def _log(cfg: ToyConfig, line: str) -> None:
+    if cfg.log:
+        with open(cfg.log, "a") as f:
+            f.write(line + "\n")
 
 
 class ToySender:
     def __init__(self, cfg: ToyConfig) -> None:
-        self.root, self.seq = Path(cfg.root), 0
+        self.cfg, self.root, self.seq = cfg, Path(cfg.root), 0
         self.root.mkdir(parents=True, exist_ok=True)
 
     def send(self, payload: Payload) -> None:
@@ -40,6 +49,8 @@ class ToySender:
             for view in to_views(payload):
                 f.write(view)
         os.replace(tmp, path)
+        _log(self.cfg, f"send {self.root.name} {self.seq} {payload.header.codec} "
+                       f"{payload.nbytes}")
         self.seq += 1
 
     def close(self) -> None:
@@ -56,6 +67,7 @@ class ToyReceiver:
         while True:
             found = list(self.root.glob(f"{self.next:08d}-*.tgw"))
             if found:
+                _log(self.cfg, f"recv {self.root.name} {os.getpid()} {self.next}")
                 self.next += 1
                 return from_buffer(bytearray(found[0].read_bytes()))
             if (self.root / "CLOSED").exists():
@@ -72,6 +84,7 @@ class ToyReceiver:
         pass
 
 
-TRANSPORT = Transport("toy", lambda weights, ctx: ToyConfig(root=str(ctx.scratch_dir)),
+TRANSPORT = Transport("toy", lambda weights, ctx: ToyConfig(
+                          root=str(ctx.scratch_dir), log=os.environ.get("TOY_TRANSPORT_LOG", "")),
                       ToySender, ToyReceiver,
                       Abilities(crosses_processes=True, crosses_nodes=False))

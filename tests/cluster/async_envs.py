@@ -66,7 +66,6 @@ def raising_reward(sample):
     raise ValueError("reward exploded on purpose")
 
 
-
 class AskAgain(MultiTurnEnv):
     """Multi-turn: 50 ms after every turn the user says 'Again.'; rewards digits (a module-level
     class, so it is its own picklable env maker)."""

@@ -1,5 +1,5 @@
-"""Every seam takes a toy that is one file here plus one registry line (or a "module:attr"
-string in the config): engine, algorithm (its own knob and metric), env adapter (its own
+"""Every seam takes a toy that is one file plus one registry line (or a "module:attr" string
+in the config), here or, for the weight transport, tests/toy_transport.py: engine, algorithm (its own knob and metric), env adapter (its own
 prefix), metric sink, sandbox backend, weight transport and codec. Each toy trains the tiny
 model in a sync run of 2 steps and, where the toy runs in or reaches the engine processes, in
 an async run; each test checks the toy was really used, from what the toy itself recorded.
@@ -220,7 +220,7 @@ def test_async_run_goes_on_after_a_step_that_trains_nothing(tmp_path):
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_toy_transport(mode, tmp_path, monkeypatch, register):
-    register(TRANSPORTS, "toy", "extensions.toy_transport:TRANSPORT")  # the one line
+    register(TRANSPORTS, "toy", "toy_transport:TRANSPORT")  # the one line (tests/toy_transport.py)
     log = tmp_path / "transport.log"
     monkeypatch.setenv("TOY_TRANSPORT_LOG", str(log))
     events = train(tmp_path, ASYNC if mode == "async" else {}, {"weights": {"transport": "toy"}})
@@ -250,7 +250,6 @@ CODEC_NEEDS = ("weights/sync.py Publisher accepts only codec 'auto'/'delta'/'ful
                "'module:Class' path (codec_choices lists registered names only)")
 
 
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_toy_codec(mode, tmp_path, monkeypatch, register):
     register(CODECS, "toy_full", "extensions.toy_codec:ToyFullCodec")  # the one line
@@ -262,7 +261,6 @@ def test_toy_codec(mode, tmp_path, monkeypatch, register):
     assert len(encoded) >= STEPS + 1 and {int(e[1]) for e in encoded} == {os.getpid()}
     assert len(decoded) == len(encoded)  # the engine's side decoded every update with it
     assert [e["sync_codec"] for e in events] == ["toy_full"] * STEPS
-
 
 
 def test_toy_codec_by_path(tmp_path):

@@ -14,6 +14,7 @@ from traingym.envs.tasks import first_integer
 
 def _save(tmp_path):
     datasets = require("datasets", "the `datasets` package (pip install 'traingym[datasets]')")
+
     def split(pairs):
         return datasets.Dataset.from_dict({
             "Frage text": [f"What is {a} + {b}?" for a, b in pairs],

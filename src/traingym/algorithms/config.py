@@ -64,6 +64,7 @@ class AlgorithmConfig(BaseModel):
                                                    "one ratio per sequence (product over tokens)")
     is_cap: float = Field(2.0, ge=1.0, description="tis: weights are cut to this; mis: tokens "
                           "(or sequences) with a weight above it get weight 0")
+
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
@@ -75,11 +76,16 @@ class AlgorithmConfig(BaseModel):
         if self.kl_coef == 0 and {"kl_estimator", "kl_in"} & self.model_fields_set:
             raise ValueError("algorithm.kl_estimator and kl_in apply only with "
                              "algorithm.kl_coef > 0")
-        _own_options(self.name, dict(self.model_extra or {}))
-        for key, value in registry.get(self.name).Options().model_dump(mode="json").items():
-            self.__pydantic_extra__.setdefault(key, value)  # recorded, as a default (unset)
         if "max_sample_rounds" in self.model_fields_set and self.dynamic_sampling is False:
             raise ValueError("algorithm.max_sample_rounds applies only with dynamic_sampling")
+        return self
+
+    @model_validator(mode="after")
+    def _own(self) -> AlgorithmConfig:
+        """The other keys are the algorithm's own options; its defaults are recorded too."""
+        _own_options(self.name, dict(self.model_extra or {}))
+        for key, value in registry.get(self.name).Options().model_dump(mode="json").items():
+            self.__pydantic_extra__.setdefault(key, value)  # a default: not in model_fields_set
         return self
 
 

@@ -34,8 +34,6 @@ class AsyncConfig(Strict):
                           "run fails")
 
 
-
-
 class ClusterConfig(Strict):
     """Where the engines, the trainer's ranks 1.. (trainer.data_parallel) and the sandbox
     workers run (cluster/): local processes, or actors on a Ray cluster (cluster/ray.py,

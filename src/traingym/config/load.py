@@ -195,14 +195,16 @@ def _foreign_algorithm_keys(data: dict) -> list[str]:
     """Keys of a raw `algorithm` section that no algorithm has (the section allows extras: an
     algorithm's own options), for the loader's closest-key message."""
     section = data.get("algorithm")
-    if not isinstance(section, dict):
+    extra = [k for k in section if k not in AlgorithmConfig.model_fields] \
+        if isinstance(section, dict) else []
+    if not extra:
         return []
     own = {k for n in algorithms.names() for k in algorithms.get(n).Options.model_fields}
     try:  # a "module:Class" algorithm's own options
         own |= set(algorithms.get(section.get("name", "grpo")).Options.model_fields)
     except ValueError:
         pass  # an unknown name: the section's validator names it
-    return [k for k in section if k not in AlgorithmConfig.model_fields and k not in own]
+    return [k for k in extra if k not in own]
 
 
 def validate(data: dict) -> Config:

@@ -99,7 +99,6 @@ def _algorithm_can_run(cfg) -> None:
                              "distillation has its own step; drop one of them")
 
 
-
 def _async_needs(cfg) -> None:
     if cfg.mode == "sync" and cfg.async_.model_fields_set:
         raise ValueError("the 'async' section applies only with mode='async'")

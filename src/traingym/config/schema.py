@@ -52,7 +52,6 @@ class Config(Strict):
         return self
 
 
-
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
     "tiny": {

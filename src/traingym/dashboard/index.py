@@ -27,6 +27,7 @@ MISSING = object()
 class FileChanged(Exception):
     """The file changed between indexing and reading back a record; the client asks again."""
 
+
 CHUNK = 8 << 20  # bytes read at a time
 TAIL = 64  # bytes before the offset compared to notice a rewritten file
 SID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")

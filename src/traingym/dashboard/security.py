@@ -24,6 +24,7 @@ from traingym.core.asgi import send_json
 class StartError(ValueError):
     """A dashboard that cannot start (a bad flag or token file); the message names the fix."""
 
+
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
        "img-src 'self' data:; connect-src 'self'; font-src 'self'; object-src 'none'; "
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")

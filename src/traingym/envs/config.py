@@ -87,8 +87,6 @@ class TaskConfig(Strict):
         return v
 
 
-
-
 class EvalConfig(Strict):
     num_prompts: int = Field(128, ge=0, description="held-out prompts (disjoint from training)")
     samples_per_prompt: int = Field(4, ge=1, description="samples per prompt at the training temperature")

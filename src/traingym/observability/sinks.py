@@ -27,6 +27,7 @@ class Sink(Protocol):
 
     def open(self, run_dir: Path, config: dict[str, Any], options: dict[str, Any]) -> None:
         """`config`: the run's resolved config as JSON (what a tracker records as params)."""
+
     def log(self, step: int, record: dict[str, float]) -> None: ...
     def close(self) -> None: ...
 

@@ -320,7 +320,6 @@ def size_row(name: str, base, c: TargetCluster, runnable: str = "", full: bool =
     import time
     from dataclasses import replace
 
-
     t0 = time.monotonic()
     plan = size_cluster(base, c.gpus, step=split_step(c), gpus_per_engine=c.gpus_per_engine,
                         pool_tolerance=0.02 if full else None)

@@ -45,7 +45,6 @@ def error_response(err: ApiError):
     return JSONResponse(err.body(), status_code=err.status)
 
 
-
 class Guard:
     """ASGI middleware: the API key (when set) and the body-size limit, before routing."""
 

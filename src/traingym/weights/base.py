@@ -88,6 +88,7 @@ class Codec(Protocol):
     """encode(old, new) -> payload; decode(old, payload) -> new. Bit-exact."""
 
     type: str
+
     def encode(self, old: State | None, new: State) -> Payload: ...
     def decode(self, old: State | None, payload: Payload) -> State: ...
 
@@ -107,6 +108,7 @@ class Receiver(Protocol):
     def resync(self, have_hash: str | None) -> None:
         """Ask for the last anchor and the deltas since (or the deltas after have_hash)."""
         ...
+
     def close(self) -> None: ...
 
 
