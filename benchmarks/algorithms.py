@@ -3,7 +3,7 @@
 For each algorithm in --algorithms (default grpo, dapo, gspo, rloo), runs the embedded
 default config (`traingym.train(build_config(overrides={"algorithm": {"name": ...}}))`, the
 same seed, --steps steps; evaluation before and after on the default 128 held-out prompts)
-and writes to --out (default benchmarks/results/algorithms.json), per algorithm: the held-out
+and writes to --out (default benchmarks/results/algorithms/2026-12-03-f96391c.json), per algorithm: the held-out
 figures before/after/paired delta as the run's results.json holds them (sampled and greedy,
 mean and standard error), the reward per step, groups kept, DAPO's sample_rounds, wall
 seconds; and the commit (read before the first run: the checkout is shared), the load
@@ -14,7 +14,7 @@ average before and after, the command line.
         --out /tmp/algorithms_smoke.json                                   # smoke, a minute
 
 The default run takes about 5 minutes per algorithm on the quiet 2-core machine (194 s of loop
-in benchmarks/results/default_run.json, plus the two evaluations); the result file is rewritten
+in benchmarks/results/default_run/2026-12-02-1784c2a.json, plus the two evaluations); the result file is rewritten
 after every algorithm, so an interrupted sweep keeps the runs it finished. Not covered: more
 than one seed per algorithm.
 """
@@ -60,7 +60,7 @@ def main() -> None:
     p.add_argument("--model", default="embedded", help="'embedded' (the default run) or 'tiny'")
     p.add_argument("--steps", type=int, default=0, help="0: the default config's steps")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(ROOT / "benchmarks/results/algorithms.json"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks/results/algorithms/2026-12-03-f96391c.json"))
     a = p.parse_args()
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()

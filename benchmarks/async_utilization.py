@@ -42,7 +42,7 @@ start-up):
   latency as configured. Idle fraction and samples/s are predicted, not fitted.
 Seeds run one after another, each running every configuration in turn (so slow phases of
 the machine fall on all of them). Figures across seeds are medians unless marked mean.
-Prints a table and writes benchmarks/results/async_utilization.json (--out).
+Prints a table and writes benchmarks/results/async_utilization/2026-12-03-190ec02.json (--out).
 
     PYTHONPATH=src .venv/bin/python benchmarks/async_utilization.py
     PYTHONPATH=src .venv/bin/python benchmarks/async_utilization.py --steps 6 --warmup 2 \
@@ -318,7 +318,7 @@ def main() -> None:
     p.add_argument("--pin", type=int, nargs="+", help=argparse.SUPPRESS)  # for --one
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--run-dir", help=argparse.SUPPRESS)
-    p.add_argument("--out", default=str(Path(__file__).parent / "results/async_utilization.json"))
+    p.add_argument("--out", default=str(Path(__file__).parent / "results/async_utilization/2026-12-03-190ec02.json"))
     args = p.parse_args()
     if args.one:
         run_one(args.one, args)

@@ -4,7 +4,7 @@ at a time, with the engine in fp32 and in bf16; counts the answers whose token i
 This is the engine's plain batched decoding, not serve's continuous batching: it separates a
 property of the dtype from one of the batcher (BENCHMARKS.md "Serving").
 
-    PYTHONPATH=src .venv/bin/python benchmarks/batch_invariance.py    # -> benchmarks/results/batch_invariance.json
+    PYTHONPATH=src .venv/bin/python benchmarks/batch_invariance.py    # -> benchmarks/results/batch_invariance/2026-12-04-6342991.json
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--tokens", type=int, default=24)
-    p.add_argument("--out", default=str(Path(__file__).parent / "results/batch_invariance.json"))
+    p.add_argument("--out", default=str(Path(__file__).parent / "results/batch_invariance/2026-12-04-6342991.json"))
     a = p.parse_args()
     torch.set_num_threads(2)
     model, tok = load_policy("embedded", seed=0)

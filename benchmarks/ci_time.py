@@ -1,6 +1,6 @@
 """Time CI as CI runs it: a fresh clone of HEAD, `CI=true bash .ci/run`, and what pytest reported.
 
-Writes benchmarks/results/ci_run.json: commit, date, load average before and after, wall time of
+Writes benchmarks/results/ci_time/2026-12-03-647e521.json: commit, date, load average before and after, wall time of
 the whole run (setup included) and of pytest alone, passed / failed / skipped counts, each skip's
 reason, the slowest tests (`.ci/run` prints 25), and the exit code. README.md quotes it.
 
@@ -47,7 +47,7 @@ def summary(log: str) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/ci_run.json"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/ci_time/2026-12-03-647e521.json"))
     args = ap.parse_args()
     pip_cache = Path.home() / ".cache/pip"
     with tempfile.TemporaryDirectory(prefix="traingym-ci-") as tmp:

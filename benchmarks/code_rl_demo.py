@@ -203,7 +203,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny model, 2 steps: smoke only")
     ap.add_argument("--work-dir", default=None, help="where rows, the run and evals go "
                     "(default: a temporary folder, removed)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/code_rl_demo.json"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/code_rl_demo/2026-12-04-6a3cf48.json"))
     args = ap.parse_args()
     if args.tiny:
         args.steps, args.heldout, args.prompts_per_step = 2, args.heldout or 8, 4

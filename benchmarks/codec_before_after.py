@@ -16,7 +16,7 @@ installed). Both run this file's --measure code with PYTHONPATH on their own src
 venv, --rounds times each, alternating, so a slow phase of the shared machine falls on both.
 
     PYTHONPATH=src .venv/bin/python benchmarks/codec_before_after.py --before 6a7ee36 \\
-        --cache /tmp/ws_cache --out benchmarks/results/codec_before_after.json
+        --cache /tmp/ws_cache --out benchmarks/results/codec_before_after/2026-12-04-69bda40.json
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 server's memory while a live run appends.
 
     python benchmarks/dashboard.py [--steps 10000] [--samples 100000] [--repeats 20]
-        [--live-s 60] [--out benchmarks/results/dashboard.json]
+        [--live-s 60] [--out benchmarks/results/dashboard/2026-12-03-89ac5dd.json]
 
 1. Writes a synthetic run directory (a temporary folder): config.json, events.jsonl with
    --steps records carrying the key set of a tiny run's events (EVENT_KEYS below, copied from
@@ -153,7 +153,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=100000)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--live-s", type=float, default=60.0)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/dashboard.json"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/dashboard/2026-12-03-89ac5dd.json"))
     args = ap.parse_args()
     rng = random.Random(0)
     load_start = os.getloadavg()

@@ -17,7 +17,7 @@ surrogate, bf16 states). For each chosen step, in bits per changed element:
   plus raw low bits, in the same order).
 Entropies are empirical (the model's description is not counted). A measurement, not a codec.
 Writes the raw bit totals and the per-changed-element figures of each step to --out
-(BENCHMARKS.md "Where the bits go": benchmarks/results/delta_context.json).
+(BENCHMARKS.md "Where the bits go": benchmarks/results/delta_context/2026-12-03-b367689.json).
 """
 
 import argparse
@@ -123,7 +123,7 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--cache", help="state cache folder, as in weight_sync.py")
     ap.add_argument("--at", default="1,2,3,20", help="steps to measure")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results/delta_context.json"))
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results/delta_context/2026-12-03-b367689.json"))
     args = ap.parse_args()
     states = rl_stream(args.steps, args.lr, args.cache)
     steps = {}

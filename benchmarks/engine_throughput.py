@@ -15,7 +15,7 @@ is reported. The load average is recorded at the start and the end.
 
 Not compared: prompts of other lengths, vLLM's server mode (HTTP), continuous batching of
 requests that arrive over time.
-    python benchmarks/engine_throughput.py --repeats 3   # benchmarks/results/engine_throughput.json
+    python benchmarks/engine_throughput.py --repeats 3   # benchmarks/results/engine_throughput/2026-12-03-10ad4be.json
     python benchmarks/engine_throughput.py --repeats 1 --new-tokens 8 --batches 16 \
         --out /tmp/engine_throughput_smoke.json             # smoke
 """
@@ -150,7 +150,7 @@ def main():
     ap.add_argument("--no-vllm", action="store_true", help="time HF and traingym only")
     ap.add_argument("--new-tokens", type=int, default=64, help="per row (64 for the figures; "
                     "fewer only for a smoke run)")
-    ap.add_argument("--out", default="benchmarks/results/engine_throughput.json")
+    ap.add_argument("--out", default="benchmarks/results/engine_throughput/2026-12-03-10ad4be.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     hf_logging.disable_progress_bar()

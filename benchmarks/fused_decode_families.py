@@ -11,7 +11,7 @@ code's own cost) and the median of the per-round ratios; checks both give the sa
     .venv/bin/python benchmarks/fused_decode_families.py            # embedded SmolLM2-135M
     .venv/bin/python benchmarks/fused_decode_families.py --model tiny
 
-Writes benchmarks/results/fused_decode_families.json.
+Writes benchmarks/results/fused_decode_families/2026-12-03-1ab2d9b.json.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default=str(ROOT / "benchmarks/results/fused_decode_families.json"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks/results/fused_decode_families/2026-12-03-1ab2d9b.json"))
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     from traingym.models.loader import load_policy

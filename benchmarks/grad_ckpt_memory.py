@@ -13,7 +13,7 @@ the 'before' reading). Settings:
   must use, since Hugging Face drops the KV cache under checkpointing);
 - full_rows_checkpointed: `trainer.gradient_checkpointing = true`.
 
-Writes --out (default benchmarks/results/grad_ckpt_memory.json) with each setting's RSS
+Writes --out (default benchmarks/results/grad_ckpt_memory/2026-12-03-14af89c.json) with each setting's RSS
 before/after/increase (MiB), seconds of the pass, the loss (the three must agree), the commit
 and the load average. Peak RSS is a process-wide high-water mark: allocator caching can hide
 a saving smaller than its granularity, and one pass is one sample of the timing.
@@ -85,7 +85,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--completion-len", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="benchmarks/results/grad_ckpt_memory.json")
+    ap.add_argument("--out", default="benchmarks/results/grad_ckpt_memory/2026-12-03-14af89c.json")
     ap.add_argument("--setting", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.setting:

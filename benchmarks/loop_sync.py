@@ -62,7 +62,7 @@ def main() -> None:
     p.add_argument("--transport", default="inproc")
     p.add_argument("--codecs", default="delta,full,delta,full",
                    help="runs in this order (alternate them: the machine is shared and noisy)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results/loop_sync.json"))
+    p.add_argument("--out", default=str(Path(__file__).parent / "results/loop_sync/2026-12-03-647e521.json"))
     args = p.parse_args()
     runs = []
     with tempfile.TemporaryDirectory() as root:

@@ -10,7 +10,7 @@
    and the seconds of the weight sync (events.jsonl `seconds_sync`: cast, encode, send,
    verify, engine update; for 'adapter' the engine's merge too), medians over the steps.
 
-Writes --out (default benchmarks/results/lora.json) with the commit (read first: the checkout
+Writes --out (default benchmarks/results/lora/2026-12-03-f38ef6a.json) with the commit (read first: the checkout
 is shared), the load average at start and end, the config overrides and the figures.
 
     PYTHONPATH=src .venv/bin/python benchmarks/lora.py                       # the default run's length
@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--sync-steps", type=int, default=5)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-4)
-    ap.add_argument("--out", default="benchmarks/results/lora.json")
+    ap.add_argument("--out", default="benchmarks/results/lora/2026-12-03-f38ef6a.json")
     args = ap.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()

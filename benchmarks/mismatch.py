@@ -8,7 +8,7 @@ fp32 trainer: trainer.bf16_autocast false) in four settings, one run each, same 
 - engine bf16 / trainer fp32 (model.engine_dtype bfloat16), none and tis;
 
 and writes each step's figures from the run's events.jsonl to --out (default
-benchmarks/results/mismatch.json): mismatch_abs_logp (mean |log p_trainer - log p_engine| over
+benchmarks/results/mismatch/2026-12-03-00e8def.json): mismatch_abs_logp (mean |log p_trainer - log p_engine| over
 policy tokens), mismatch_kl_k3 (mean k3, an estimate of KL(engine || trainer)), and under tis
 the correction's is_capped_frac (tokens whose ratio passed the cap: truncated), is_zero_frac
 and is_weight_mean; with reward, groups kept and seconds per step, the commit, the load
@@ -25,7 +25,7 @@ dtype asked for; one that is not fails the script before any run, naming it.
 
 Not covered: more than one seed; runs long enough to see the correction change the reward;
 async mode (staleness adds to the numerics gap; async_loop.py records the same keys); the
-trainer in bf16 autocast (this CPU has no bf16 kernels: benchmarks/results/loop_sync.json).
+trainer in bf16 autocast (this CPU has no bf16 kernels: benchmarks/results/loop_sync/2026-12-03-647e521.json).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8, help="rollout.prompts_per_step")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (shared machine)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/mismatch.json"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/mismatch/2026-12-03-00e8def.json"))
     args = ap.parse_args()
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     check_engines(engines)

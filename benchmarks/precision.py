@@ -2,7 +2,7 @@
 the embedded model in fp32 and in bf16, side by side (alternating, after a warm-up of each).
 
     python benchmarks/precision.py [--rows 64] [--new-tokens 8] [--reps 2] [--out FILE]
-    # FILE default: benchmarks/results/precision.json
+    # FILE default: benchmarks/results/precision/2026-12-03-ce922bc.json
 
 Train step: the trainer's own step (TorchTrainer.train_step: forward, backward, AdamW) on a
 batch of the default run's shape (16 arith prompts x 4 samples of --new-tokens completion
@@ -40,7 +40,7 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=8)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="benchmarks/results/precision.json")
+    ap.add_argument("--out", default="benchmarks/results/precision/2026-12-03-ce922bc.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     load0 = os.getloadavg()

@@ -1,6 +1,6 @@
 """Sandbox execution latency and throughput, and a seeded simulation of pool sizing.
 
-    python benchmarks/sandbox.py [--n 200] [--out benchmarks/results/sandbox.json]
+    python benchmarks/sandbox.py [--n 200] [--out benchmarks/results/sandbox/2026-12-02-1db7c1c.json]
 
 Part 1, side by side in one run: per-execution latency (p50/p99) of a small Python snippet for
   - bare:  `python -I -c SNIPPET` as a plain subprocess (no isolation at all),
@@ -203,7 +203,7 @@ def main():
     ap.add_argument("--sim-s", type=float, default=120.0, help="simulated seconds per point")
     ap.add_argument("--knee-tol", type=float, default=0.005)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="benchmarks/results/sandbox.json")
+    ap.add_argument("--out", default="benchmarks/results/sandbox/2026-12-02-1db7c1c.json")
     args = ap.parse_args()
     print("part 1: latency and throughput", flush=True)
     measured = asyncio.run(measure(args.n))

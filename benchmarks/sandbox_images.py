@@ -1,7 +1,7 @@
 """Sandbox images: build once, start again from the cache, and run from the warm pool.
 
     python benchmarks/sandbox_images.py [--requirement numpy] [--n 20]
-        [--out benchmarks/results/sandbox_images.json]
+        [--out benchmarks/results/sandbox_images/2026-12-03-880edbc.json]
 
 In one run, with a fresh cache folder (so the first call really builds):
   - build_s: the first `get_image` (venv + installer; the installer's output is shown);
@@ -78,7 +78,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requirement", default="numpy")
     ap.add_argument("--n", type=int, default=20)
-    ap.add_argument("--out", default="benchmarks/results/sandbox_images.json")
+    ap.add_argument("--out", default="benchmarks/results/sandbox_images/2026-12-03-880edbc.json")
     args = ap.parse_args()
     cache = tempfile.mkdtemp(prefix="traingym-images-bench-", dir="/var/tmp")
     spec = ImageSpec(requirements=(args.requirement,))

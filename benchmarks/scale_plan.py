@@ -12,7 +12,7 @@ reference workload), plus a 512-GPU run at the fixed 512 x 16 batch. One optimiz
 GPU-side rates are assumptions from published figures (traingym/plan/planner.py
 GPU_PRESETS "h100", each with its source, used unscaled: they were measured on an 8B model;
 docs/scale.md discusses them); the CPU-side costs of weight sync are the delta codec's
-figures measured here, read from benchmarks/results/weight_sync_compress.json
+figures measured here, read from benchmarks/results/weight_sync/2026-12-03-6e0ad4b-compress.json
 (planner.codec_figures; BENCHMARKS.md "Weight sync").
 The configurations, their weight-sync costs and the sizing are `traingym plan`'s
 (plan/planner.py: planner.candidates, planner.size_row), per scale:
@@ -34,9 +34,9 @@ cores (parallel over tensors: not implemented, the measured one-core rate x 8).
 Runs in about 11 minutes on one quiet core, 33 on two shared cores at load ~5 (512 GPUs
 dominate: 65k env steps per simulated step).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/scale_plan.py   # benchmarks/results/scale_plan.json
+    PYTHONPATH=src .venv/bin/python benchmarks/scale_plan.py   # benchmarks/results/scale_plan/2026-12-03-7832fc2.json
     PYTHONPATH=src .venv/bin/python benchmarks/scale_plan.py \
-        --markdown benchmarks/results/scale_plan.json   # its tables as markdown
+        --markdown benchmarks/results/scale_plan/2026-12-03-7832fc2.json   # its tables as markdown
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ ASSUMPTIONS = {
                              "trainer keeps fp32 masters and would all-reduce 4)"),
 }
 A = {k: v for k, (v, _) in ASSUMPTIONS.items()}
-CODEC = planner.codec_figures()  # benchmarks/results/weight_sync_compress.json
+CODEC = planner.codec_figures()  # benchmarks/results/weight_sync/2026-12-03-6e0ad4b-compress.json
 MEASURED = {
     "delta_changed_fraction": (CODEC.changed_fraction, f"{CODEC.source}: SmolLM2-135M, "
                                "lr 1e-6 (the tiered codec's run)"),
@@ -216,7 +216,7 @@ def main() -> None:
     p.add_argument("--gpus", type=int, nargs="*", default=[8, 64, 512])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--no-sensitivity", action="store_true")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results/scale_plan.json"))
+    p.add_argument("--out", default=str(Path(__file__).parent / "results/scale_plan/2026-12-03-7832fc2.json"))
     p.add_argument("--markdown", metavar="JSON", help="print a results file's tables as markdown")
     args = p.parse_args()
     if args.markdown:

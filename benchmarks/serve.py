@@ -7,7 +7,7 @@ time, completion tokens per second, requests per second, p50/p99 latency; the th
 ratio (concurrent / one at a time; target >= 4x); whether every greedy answer was the same
 both ways; the server's batching counters (continuous batching on the built-in engine: decode
 steps and most rows live at once; dynamic batching on other engines: engine calls and most
-requests in one call); the load average before and after. Writes benchmarks/results/serve.json.
+requests in one call); the load average before and after. Writes benchmarks/results/serve/2026-12-03-9fbfeda.json.
 
     .venv/bin/python benchmarks/serve.py [--model embedded] [--requests 32] [--clients 16]
         [--set model.engine_dtype=float32] [--out FILE]

@@ -7,7 +7,7 @@ more than 32,768 elements (at::internal::GRAIN_SIZE): at batch 64 a (64, 1, 576)
 dominates. This script times the same ops at batch 16 and 64 with 1 and 2 threads, alternating,
 and records the load average:
 
-    .venv/bin/python benchmarks/small_op_threads.py        # benchmarks/results/small_op_threads.json
+    .venv/bin/python benchmarks/small_op_threads.py        # benchmarks/results/small_op_threads/2026-12-03-1b74c9f.json
 
 Microseconds per op, median of --rounds rounds of --calls calls each.
 """
@@ -43,7 +43,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=500)
-    ap.add_argument("--out", default="benchmarks/results/small_op_threads.json")
+    ap.add_argument("--out", default="benchmarks/results/small_op_threads/2026-12-03-1b74c9f.json")
     args = ap.parse_args()
     load_start = os.getloadavg()
     results: dict = {}

@@ -69,7 +69,7 @@ def main() -> None:
     p.add_argument("--async-steps", type=int, default=30)
     p.add_argument("--async-seeds", default="0")
     p.add_argument("--skip-async", action="store_true")
-    p.add_argument("--out", default=str(ROOT / "benchmarks/results/sync_before_after.json"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks/results/sync_before_after/2026-12-04-81d6a1c.json"))
     a = p.parse_args()
     result = {"args": vars(a), "cpu_count": os.cpu_count(), "loadavg_before": os.getloadavg(),
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "loop": {}, "async": {}}

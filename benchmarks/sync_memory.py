@@ -26,7 +26,7 @@ activations and the allocator's slack.
     PYTHONPATH=src .venv/bin/python benchmarks/sync_memory.py                 # both models
     PYTHONPATH=src .venv/bin/python benchmarks/sync_memory.py --models embedded --label x
 
-Writes --out (default benchmarks/results/sync_memory.json), one entry per (label, model),
+Writes --out (default benchmarks/results/sync_memory/2026-12-04-9e95ed1.json), one entry per (label, model),
 keeping entries of other labels already there (so a 'before' and an 'after' run sit side by
 side), with the commit and the load average. ru_maxrss is a process-wide high-water mark:
 it includes the Python interpreter, torch and the tokenizer (about 0.5 GB), and allocator
@@ -182,7 +182,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--label", default="current")
     ap.add_argument("--cache", default="/tmp/traingym_sync_memory")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/sync_memory.json"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/sync_memory/2026-12-04-9e95ed1.json"))
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()

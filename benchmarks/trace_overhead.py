@@ -74,7 +74,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--out", default=str(ROOT / "benchmarks/results/trace_overhead.json"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks/results/trace_overhead/2026-12-03-9cc36a2.json"))
     a = p.parse_args()
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()

@@ -191,7 +191,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="benchmarks/results/trainer_throughput.json")
+    p.add_argument("--out", default="benchmarks/results/trainer_throughput/2026-12-03-10ad4be.json")
     a = p.parse_args()
     if a.prompts % a.micro_groups:
         raise SystemExit(f"--prompts {a.prompts} must be a multiple of --micro-groups "

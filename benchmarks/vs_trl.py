@@ -36,7 +36,7 @@ which the registry accepts), so a group whose rewards are all equal is trained w
 advantage as TRL trains it, and the loss is divided by all the batch's tokens, as TRL's
 "dapo" loss divides it: both sides then run forward and backward over every completion, and
 the s/step ratio does not depend on dropping. Its result goes to
-benchmarks/results/vs_trl_no_drop.json unless --out says otherwise, beside today's figure in
+benchmarks/results/vs_trl/2026-12-04-d495110-no_drop.json unless --out says otherwise, beside today's figure in
 vs_trl.json. Zero-advantage tokens add nothing to the gradient; only the divisor grows (a
 smaller gradient before clipping and AdamW's scaling), so the update differs from the default
 run's and the held-out reward is a separate draw.
@@ -215,8 +215,8 @@ def main() -> None:
         fn = {"traingym": run_traingym, "trl": run_trl, "eval": run_eval}[a.worker]
         (work / f"{a.worker}.json").write_text(json.dumps(fn(a, work), indent=1))
         return
-    out = a.out or ("benchmarks/results/vs_trl_no_drop.json" if a.no_drop
-                     else "benchmarks/results/vs_trl.json")
+    out = a.out or ("benchmarks/results/vs_trl/2026-12-04-d495110-no_drop.json" if a.no_drop
+                     else "benchmarks/results/vs_trl/2026-12-02-af0266e.json")
     work.mkdir(parents=True, exist_ok=False)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": str(a.threads),

@@ -3,7 +3,7 @@
     python benchmarks/weight_sync.py                 # all sections, JSON to /tmp (--out)
     python benchmarks/weight_sync.py --sections compress,throughput --steps 20
     python benchmarks/weight_sync.py --sections scaling,lthash --steps 3 --tilings 1,4,16 \
-        --out benchmarks/results/weight_sync_scaling.json    # per-phase times as it grows
+        --out benchmarks/results/weight_sync_scaling/2026-12-04-4a3e3f7.json    # per-phase times as it grows
 
 Sections:
   compress    SmolLM2-135M (the embedded model, fp32 master weights), AdamW at an RL learning

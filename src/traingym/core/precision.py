@@ -2,8 +2,8 @@
 
 `model.engine_dtype` and `trainer.bf16_autocast` default to "auto". On a CPU, bf16 pays only where
 oneDNN has bf16 kernels (AVX512-BF16 or AMX); on an AVX2-only CPU it is several times slower than
-fp32 (benchmarks/results/precision.json). On CUDA, bf16 where the device supports it. An explicit
-"bfloat16" / true is always honoured.
+fp32 (benchmarks/results/precision/2026-12-03-ce922bc.json). On CUDA, bf16 where the device
+supports it. An explicit "bfloat16" / true is always honoured.
 """
 
 from __future__ import annotations

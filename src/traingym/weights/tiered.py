@@ -34,7 +34,8 @@ MIN_GAIN = 0.02  # a tier must save this fraction of the estimated position bits
 # step, where most weights move one ulp, the tier does not list most of the model).
 S_PRICE = 0.1
 # Both sides' extra time per element of a tensor coded with a tier rather than without
-# (threshold 0), one thread each (benchmarks/results/weight_sync_scaling_notier.json).
+# (threshold 0), one thread each
+# (benchmarks/results/weight_sync_scaling/2026-12-04-ebadce1-notier.json).
 LIST_S = 0.65e-9
 NO_TIER = np.empty(0, np.int64)  # S under threshold 0: no tier, every change in R
 NO_TIER.flags.writeable = False
