@@ -122,13 +122,19 @@ def test_tiny_and_embedded_paths(tmp_path):
 
 
 def test_the_embedded_model_is_the_smollm2_135m_architecture():
-    from traingym.models.embedded import EMBEDDED_NAME, cache_dir
-
-    folder = cache_dir() / "models" / EMBEDDED_NAME
-    if not (folder / "config.json").is_file():
-        pytest.skip("the embedded model has not been converted on this machine")
+    """The converted folder's config.json, converting it here when no earlier test has (about
+    15 s), so the result does not depend on which tests ran first."""
     import json
 
+    from prereq import missing
+
+    from traingym.models.embedded import embedded_model_dir, gguf_path
+
+    try:
+        gguf_path()
+    except FileNotFoundError as e:
+        missing(f"the embedded model's GGUF file is absent: {e}")
+    folder = embedded_model_dir()
     assert presets.matching(json.loads((folder / "config.json").read_text())) == ["smollm2-135m"]
 
 

@@ -15,17 +15,19 @@ import json
 import httpx
 import pytest
 import torch
+from prereq import require
 from safetensors.torch import load_model
 
 from traingym.envs.tools import tools_system_prompt
 from traingym.models.loader import load_policy
 
+OPENAI = "the official openai client (test extra) is not installed"
 PROMPT = [{"role": "user", "content": "What is 2 + 3?"}]
 
 
 @pytest.fixture(scope="module")
 def client(ckpt_server):
-    openai = pytest.importorskip("openai")
+    openai = require("openai", OPENAI)
     return openai.OpenAI(base_url=ckpt_server.url + "/v1", api_key="unused", max_retries=0,
                          timeout=120)
 
@@ -185,7 +187,7 @@ def test_tool_call_round_trip(client, ckpt_server, reference):
 def test_16_concurrent_requests_equal_alone(ckpt_server):
     """16 different requests at once (greedy and seeded sampling) get the same answers as
     each sent alone, and the server did batch them (several requests in one engine call)."""
-    openai = pytest.importorskip("openai")
+    openai = require("openai", OPENAI)
     reqs = [dict(model=ckpt_server.model, max_tokens=8 + i % 5, seed=i,
                  temperature=0 if i % 2 else 0.9,
                  messages=[{"role": "user", "content": f"What is {i} + {i + 3}?"}])

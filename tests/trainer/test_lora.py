@@ -5,9 +5,10 @@ import json
 
 import pytest
 import torch
+from prereq import require
 from safetensors.torch import load_file
 
-pytest.importorskip("peft")
+require("peft", "LoRA needs peft (the lora extra: pip install traingym[lora])")
 
 import traingym  # noqa: E402
 from traingym.models.loader import tiny_model, tiny_tokenizer  # noqa: E402

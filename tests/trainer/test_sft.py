@@ -4,6 +4,7 @@ config and run directory; resume across the phase boundary is exact."""
 import json
 
 import torch
+from prereq import require
 from safetensors.torch import load_file
 
 import traingym
@@ -98,7 +99,7 @@ def test_batch_order_is_seeded_and_covers_each_epoch():
 def test_chats_from_a_datasets_folder_and_bad_rows(tmp_path):
     import pytest
 
-    datasets = pytest.importorskip("datasets")
+    datasets = require("datasets", "a datasets folder needs the datasets package (test extra)")
     from traingym.envs.datasets import DatasetError
     from traingym.trainer.sft import load_chats
 
