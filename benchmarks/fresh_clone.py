@@ -1,14 +1,17 @@
-"""Time README's two commands from a fresh clone: `bash scripts/setup.sh && .venv/bin/traingym
+"""Time README's main job from a fresh clone: `bash scripts/setup.sh && .venv/bin/traingym
 train`, with the conditions that decide the time recorded beside it.
 
 Clones this checkout's committed HEAD (uncommitted changes are not in the clone: the result
 file says whether there were any) into a temporary folder, then times, one after the other,
-`bash scripts/setup.sh` (a new .venv: pip installs torch, traingym and its extras, the
-embedded model's package) and `.venv/bin/traingym train --run-dir runs/fresh` (the default
-run; `--preset tiny` for a smoke run). Conditions, chosen by flags and recorded:
-- pip cache: `warm` uses pip's own cache as it is (its folder and size before the run are
-  recorded, and `pip_cache_state` says what was found: absent, empty or its size: "warm" only
-  if it held something); `cold` points PIP_CACHE_DIR at a new empty folder. pip's
+`bash scripts/setup.sh` (a new .venv: pip installs torch, traingym's core and the embedded
+model's package; no extras, no vLLM environment, no browser) and `.venv/bin/traingym train
+--run-dir runs/fresh` (the default run; `--preset tiny` for a smoke run). Then `--help` of
+every `traingym` subcommand, which must work on that core install (each one's exit code and
+time are recorded; one that fails fails the script), and the new .venv's size.
+Conditions, chosen by flags and recorded:
+- pip cache: `cold` (the default) points PIP_CACHE_DIR at a new empty folder; `warm` uses
+  pip's own cache as it is (its folder and size before the run are recorded, and
+  `pip_cache_state` says what was found: absent, empty or its size). pip's
   configuration (find-links, extra indexes: local wheel folders count as "downloads" here) is
   recorded as `pip config list` prints it;
 - model cache: `empty` points TRAINGYM_CACHE at a new empty folder, so the GGUF -> safetensors
@@ -20,7 +23,7 @@ shared: the figure is only as quiet as the machine), each phase's wall time, the
 PYTHONPATH and VIRTUAL_ENV are removed from the commands' environment, so the clone runs its
 own code.
 
-    .venv/bin/python benchmarks/fresh_clone.py                # about 5-7 min on 2 cores
+    .venv/bin/python benchmarks/fresh_clone.py     # about 6 min on 2 cores; -> results/fresh_clone/
     .venv/bin/python benchmarks/fresh_clone.py --preset tiny --out /tmp/fresh_clone_smoke.json
 
 Not covered: a machine without Python 3.11+ or git; network downloads' variance (with this
@@ -32,11 +35,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import re
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+import resultfile
 
 ROOT = Path(__file__).resolve().parent.parent
 EMBEDDED = ("models", "smollm2-135m-instruct", "model.safetensors")  # models/embedded.py
@@ -68,13 +73,35 @@ def timed(cmd: list[str], cwd: Path, env: dict, log: Path) -> float:
     return time.monotonic() - t0
 
 
+def subcommand_help(clone: Path, env: dict) -> dict:
+    """`traingym <sub> --help` for every subcommand `traingym --help` lists: exit code and time."""
+    exe = str(clone / ".venv/bin/traingym")
+    top = subprocess.run([exe, "--help"], cwd=clone, env=env, capture_output=True, text=True,
+                         check=False)
+    if top.returncode != 0:
+        raise SystemExit(f"fresh_clone: traingym --help failed:\n{top.stderr[-2000:]}")
+    names = re.search(r"\{([\w,-]+)\}", top.stdout).group(1).split(",")
+    out = {}
+    for name in names:
+        t0 = time.monotonic()
+        proc = subprocess.run([exe, name, "--help"], cwd=clone, env=env, capture_output=True,
+                              check=False,
+                              text=True)
+        out[name] = {"rc": proc.returncode, "s": round(time.monotonic() - t0, 2)}
+        if proc.returncode != 0:
+            raise SystemExit(f"fresh_clone: traingym {name} --help failed on the core install:"
+                             f"\n{proc.stderr[-2000:]}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default=None, help="passed to `traingym train` (tiny: smoke run)")
-    ap.add_argument("--pip-cache", choices=("warm", "cold"), default="warm")
+    ap.add_argument("--pip-cache", choices=("warm", "cold"), default="cold")
     ap.add_argument("--model-cache", choices=("empty", "present"), default="empty")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/fresh_clone.json"))
+    resultfile.add_args(ap)
     args = ap.parse_args()
+    rec = resultfile.start("fresh_clone", args)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     pip = [str(ROOT / ".venv/bin/pip")] if (ROOT / ".venv/bin/pip").exists() else \
         ["python3", "-m", "pip"]
@@ -108,31 +135,31 @@ def main() -> None:
         git("checkout", "--quiet", head, cwd=clone)
         train = [".venv/bin/traingym", "train", "--run-dir", "runs/fresh",
                  *(["--preset", args.preset] if args.preset else [])]
-        load_before = os.getloadavg()
         setup_s = timed(["bash", "scripts/setup.sh"], clone, env, tmp / "setup.log")
         train_s = timed(train, clone, env, tmp / "train.log")
+        helps = subcommand_help(clone, env)
+        venv_mb = round(folder_bytes(clone / ".venv") / 1e6)
+        heavy = {"vllm_env": (clone / ".venv-vllm").exists(),
+                 "extras": [name for name in ("ray", "fastapi", "wandb", "playwright", "peft")
+                            if list((clone / ".venv/lib").glob(f"python*/site-packages/{name}"))]}
         run_dir = clone / "runs/fresh"
         events = [json.loads(ln) for ln in (run_dir / "events.jsonl").read_text().splitlines()
                   if ln.strip()]
         results = json.loads((run_dir / "results.json").read_text())
         conditions["converted_model_present_after"] = model_cache.joinpath(*EMBEDDED).is_file()
     out = {"commands": ["bash scripts/setup.sh", " ".join(train)],
-           "commit": head, "uncommitted_changes_not_in_clone": bool(
-               git("status", "--porcelain", "--untracked-files=no")),
-           "date": time.strftime("%Y-%m-%d %H:%M"), "preset": args.preset or "default",
-           "machine": {"cpu_count": os.cpu_count(), "cpu": platform.processor()
-                       or platform.machine(), "python": platform.python_version()},
-           "conditions": conditions, "loadavg_before": load_before,
-           "loadavg_after": os.getloadavg(), "setup_s": setup_s, "train_s": train_s,
-           "total_s": setup_s + train_s, "training_loop_s": events[-1]["elapsed_s"],
-           "steps": len(events), "results": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
+           "commit": head, "preset": args.preset or "default",
+           "conditions": conditions, "setup_s": round(setup_s, 1), "train_s": round(train_s, 1),
+           "total_s": round(setup_s + train_s, 1), "total_min": round((setup_s + train_s) / 60, 2),
+           "training_loop_s": events[-1]["elapsed_s"], "steps": len(events),
+           "subcommand_help": helps, "venv_mb": venv_mb, "not_installed_check": heavy,
+           "results": results}
+    path = rec.write(out)
     m, s = divmod(round(out["total_s"]), 60)
     print(f"setup {setup_s:.0f} s + train {train_s:.0f} s = {m} min {s} s (pip cache "
           f"{args.pip_cache}: {conditions['pip_cache_state']}, model cache {args.model_cache}, "
-          f"{os.cpu_count()} cores, load "
-          f"{load_before[0]:.1f} -> {out['loadavg_after'][0]:.1f}); wrote {args.out}")
+          f"{os.cpu_count()} cores); .venv {venv_mb} MB; {len(helps)} subcommands' --help ok; "
+          f"{path}")
 
 
 if __name__ == "__main__":
