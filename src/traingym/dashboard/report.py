@@ -19,6 +19,7 @@ import json
 import math
 from pathlib import Path
 
+from traingym.envs.evaluate import z_text
 from traingym.observability.events import read_events, read_samples
 
 # chart name -> (title, keys drawn); a chart is drawn when the run has one of its keys
@@ -136,8 +137,7 @@ def _heldout(run_dir: Path) -> str:
         b, a, d = before.get(metric), after.get(metric), delta.get(metric)
         cell = (lambda s: f"{s['mean']:.3f} ± {s['se']:.3f} (n={s['n_prompts']})"
                 if s else "—")
-        change = (f"{d['delta']:+.3f} ± {d['se']:.3f}" + (f" ({d['z']:.1f} SE)"
-                  if d.get("z") is not None else "")) if d else "—"
+        change = f"{d['delta']:+.3f} ± {d['se']:.3f}{z_text(d)}" if d else "—"
         rows.append(f"<tr><td>{html.escape(metric)}</td><td>{cell(b)}</td><td>{cell(a)}</td>"
                     f"<td>{change}</td></tr>")
     return ("<table><tr><th>metric</th><th>before</th><th>after</th>"

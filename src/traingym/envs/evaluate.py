@@ -45,7 +45,9 @@ def _score(per_prompt: list[float]) -> Score:
 
 
 def paired_difference(after: Score, before: Score) -> dict:
-    """after - before per prompt, over the prompts counted in both (a NaN in either: skipped)."""
+    """after - before per prompt, over the prompts counted in both (a NaN in either: skipped):
+    {'delta', 'se', 'z'}, z None when every difference is equal or the standard error is
+    within float noise of zero (`z_score`)."""
     if len(after.per_prompt) != len(before.per_prompt):
         raise ValueError(f"paired difference: {len(after.per_prompt)} prompts after but "
                          f"{len(before.per_prompt)} before; pair evaluations of the same prompts")
@@ -58,7 +60,29 @@ def paired_difference(after: Score, before: Score) -> dict:
                          "sample dropped): nothing to compare; fix the judge or use "
                          "on_failure='score:<x>'")
     s = _score(diffs)
-    return {"delta": s.mean, "se": s.se, "z": s.mean / s.se if s.se > 0 else None}
+    return {"delta": s.mean, "se": s.se,
+            "z": None if max(diffs) == min(diffs) else z_score(s.mean, s.se)}
+
+
+# a standard error at or below this x max(1, |mean|) is rounding noise, not spread
+SE_NOISE = 1e-9
+
+
+def z_score(mean: float, se: float | None) -> float | None:
+    """mean / se, or None when the standard error is within float noise of zero (every
+    difference equal up to rounding: 2/3 - 0 on every prompt gives se ~ 1e-17 and a
+    meaningless z of 3e16) or absent. Printers show None as 'z n/a'."""
+    if se is None or not se > SE_NOISE * max(1.0, abs(mean)):
+        return None
+    return mean / se
+
+
+def z_text(d: dict) -> str:
+    """' (z SE)' of a paired difference {'delta', 'se', 'z'}, or ' (z n/a)' when its z is
+    None or comes from a standard error within float noise of zero (files written before
+    z_score). Recomputed from delta and se, so an old file's z of 3e16 is not printed."""
+    z = z_score(d["delta"], d.get("se")) if d.get("z") is not None else None
+    return f" ({z:.1f} SE)" if z is not None else " (z n/a)"
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

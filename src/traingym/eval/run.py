@@ -24,7 +24,14 @@ from typing import Any
 from traingym.config.load import as_config, run_config
 from traingym.config.schema import Config
 from traingym.core.errors import ConfigError
-from traingym.envs.evaluate import Score, collect, group_means, paired_difference, pass_at_k_score
+from traingym.envs.evaluate import (
+    Score,
+    collect,
+    group_means,
+    paired_difference,
+    pass_at_k_score,
+    z_text,
+)
 from traingym.envs.runner import EpisodeLimits
 from traingym.eval.specs import (
     build_engine_for,
@@ -216,7 +223,8 @@ def compare(a: str | Path, b: str | Path, *, out: str | Path | None = None, conf
 
 
 def paired(a: dict, b: dict) -> dict:
-    """B - A per shared metric from two summaries over the same prompts."""
+    """B - A per shared metric from two summaries over the same prompts ({'delta', 'se', 'z'}
+    each, z None when the standard error is within float noise of zero: paired_difference)."""
     if a["prompts_sha256"] != b["prompts_sha256"]:
         raise ConfigError("the two evals are on different prompts (their prompt hashes differ): "
                           "a paired comparison needs the same rows; rerun one with the other's "
@@ -238,6 +246,5 @@ def format_scores(scores: dict) -> str:
 
 
 def format_delta(delta: dict) -> str:
-    return "  ".join(f"{k} {v['delta']:+.3f} ± {v['se']:.3f}"
-                     + (f" ({v['z']:.1f} SE)" if v["z"] is not None else "")
+    return "  ".join(f"{k} {v['delta']:+.3f} ± {v['se']:.3f}{z_text(v)}"
                      for k, v in delta.items())
