@@ -7,7 +7,8 @@ unknown model, huge max_tokens and n, prompts of ~900 KB (under the 1 MiB body l
 --max-prompt-tokens) as chat, completion text, token ids and many messages, JSON nested 500k
 deep, and 3 MB bodies sent in full (with Content-Length and chunked). After each round it reads
 the server's VmRSS and VmHWM (peak) from /proc. Per round: RSS, growth, statuses seen, and
-transport errors (a reset where a 413 was due counts here). Writes one JSON dict to --out.
+transport errors (a reset or broken pipe where a 413 was due counts here). Writes one JSON
+dict to --out. PYTHONPATH=OTHER/src measures another checkout's server.
 
     .venv/bin/python benchmarks/serve_hostile.py [--model tiny] [--rounds 3]
         [--env MALLOC_ARENA_MAX=2] [--out /tmp/serve_hostile.json]
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import os
 import signal
@@ -72,23 +74,45 @@ def hostile(model: str) -> list[tuple[str, str, bytes | None, int]]:
         ("long token-id prompt", P, comp(prompt=[5] * 300_000), 400),
         ("deep nesting", C, b"[" * 500_000, 400),
         ("oversize body", C, chat(messages=[{"role": "user", "content": "x" * BIG}]), 413),
+        ("oversize body, chunked", C, chat(messages=[{"role": "user", "content": "y" * BIG}]),
+         413),
     ]
-    return small * 2 + big * 3
+    return small * 2 + big * 2
 
 
-def send(client, url: str, name: str, path: str, body: bytes | None, chunked: bool = False):
+def send_raw(port: int, path: str, body: bytes, chunked: bool) -> tuple[int, str]:
+    """POST `body` in full in 64 KB writes, then read the answer to the end, on a socket of
+    its own (httpx and requests read an answer after a failed write; urllib and most raw
+    clients raise on the reset, as this does)."""
+    size = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {len(body)}"
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"{size}\r\n\r\n".encode())
+        for i in range(0, len(body), 65536):
+            part = body[i:i + 65536]
+            s.sendall(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
+        s.sendall(b"0\r\n\r\n" if chunked else b"")
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    head, _, data = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(data)["error"]["message"]
+
+
+def send(client, port: int, name: str, path: str, body: bytes | None):
     import httpx
 
+    url = f"http://127.0.0.1:{port}"
     try:
         if body is None:
             r = client.put(url + path)
+        elif "oversize" in name:
+            return send_raw(port, path, body, "chunked" in name)
         else:
-            content = iter([body[i:i + 65536] for i in range(0, len(body), 65536)]) \
-                if chunked else body
-            r = client.post(url + path, content=content,
+            r = client.post(url + path, content=body,
                             headers={"content-type": "application/json"})
         return r.status_code, r.json().get("error", {}).get("message", "")
-    except httpx.TransportError as e:
+    except (httpx.TransportError, OSError) as e:
         return f"{type(e).__name__}", str(e)
 
 
@@ -140,9 +164,8 @@ def main() -> int:
             reqs = hostile(model)
             for k in range(a.rounds):
                 t0, seen = time.perf_counter(), collections.Counter()
-                for i, (name, path, body, want) in enumerate(reqs):
-                    got, msg = send(client, url, name, path, body,
-                                    chunked=want == 413 and i % 2 == 1)
+                for name, path, body, want in reqs:
+                    got, msg = send(client, port, name, path, body)
                     seen[str(got)] += 1
                     if got != want and k == 0:
                         mismatches.append({"name": name, "want": want, "got": got,
@@ -162,7 +185,7 @@ def main() -> int:
         "model": a.model, "server_env": a.env, "rounds": a.rounds,
         "requests_per_round": len(reqs), "rss_after_warmup_mb": round(start["VmRSS"], 1),
         "per_round": rounds,
-        "growth_per_round_mb": [round(y - x, 1) for x, y in zip(rss, rss[1:])],
+        "growth_per_round_mb": [round(y - x, 1) for x, y in itertools.pairwise(rss)],
         "growth_after_first_round_mb": round(rss[-1] - rss[1], 1) if len(rss) > 2 else None,
         "unexpected_answers": mismatches,
         "transport_errors": sum(n for r in rounds for s, n in r["statuses"].items()

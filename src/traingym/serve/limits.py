@@ -3,9 +3,11 @@
 Every refusal is a JSON body {"error": {"message", "type", "param", "code"}} with a 4xx status;
 the message names the limit and its value, and the `code` names the limit. The body-size limit
 and the key check run in one ASGI middleware before any route reads the request: a body over
-`max_body_bytes` (by Content-Length, or counted while it streams in) is answered 413 without
-reading the rest. The concurrency limit counts requests inside the routes; one more is
-answered 429 at once (clients retry 429), never queued without bound.
+`max_body_bytes` (by Content-Length, or counted while it streams in) is never held in memory;
+its rest is read and dropped (up to DRAIN_BYTES and DRAIN_S, or not at all when the client
+waits for '100 Continue'), then it is answered 413 and the connection closed, so the client
+reads the 413 instead of a reset. The concurrency limit counts requests inside the routes;
+one more is answered 429 at once (clients retry 429), never queued without bound.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from traingym.core.asgi import send_json
+from traingym.core.asgi import discard_body, send_json
+
+DRAIN_BYTES = 64 << 20  # the most of an oversized body read (and dropped) before
+DRAIN_S = 10.0  # the 413; past either bound the connection is closed unread
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,9 @@ class Guard:
             return await send_json(send, 400, ApiError(400, "Content-Length is not a number",
                                                         "bad_content_length").body())
         if declared > cap:
+            # a client waiting for '100 Continue' has sent no body: nothing to drop
+            if headers.get(b"expect", b"").lower() != b"100-continue" and declared <= DRAIN_BYTES:
+                await discard_body(receive, DRAIN_BYTES, DRAIN_S)
             return await send_json(send, 413, too_big.body(), [(b"connection", b"close")])
         chunks, size = [], 0
         while True:  # read the whole (bounded) body here; the route reads it from memory
@@ -82,6 +90,9 @@ class Guard:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > cap:
+                chunks.clear()
+                if message.get("more_body"):
+                    await discard_body(receive, DRAIN_BYTES - size, DRAIN_S)
                 return await send_json(send, 413, too_big.body(), [(b"connection", b"close")])
             if not message.get("more_body"):
                 break

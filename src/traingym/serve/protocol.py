@@ -11,7 +11,7 @@ message is a pre-fill the model continues) and `top_k`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -98,7 +98,10 @@ class ChatRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int] = Field(min_length=1)
+    # fail_fast: a list of 300k token ids no longer first fails as list[str] with 300k
+    # errors (0.2 s and ~70 MB for nothing)
+    prompt: (str | Annotated[list[str], Field(fail_fast=True)]
+             | Annotated[list[int], Field(fail_fast=True)]) = Field(min_length=1)
     logprobs: int | None = Field(None, ge=0, le=20)
     best_of: int | None = None
     echo: bool = False
