@@ -26,15 +26,14 @@ def test_the_site_builds_strictly(tmp_path):
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
                            str(site)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "WARNING" not in proc.stderr, proc.stderr[-4000:]
     # the pages the nav promises, the included BENCHMARKS.md and the generated reference
     assert (site / "benchmarks/index.html").read_text().count("<h2") >= 3
     config_page = (site / "reference/config/index.html").read_text()
     assert "trainer.lr" in config_page and "rollout.engine" in config_page
-    assert "def train" in (site / "reference/training/index.html").read_text() or \
-        "traingym.api.train" in (site / "reference/training/index.html").read_text()
+    assert 'id="traingym.api.train"' in (site / "reference/training/index.html").read_text()
 
 
 def test_the_readme_is_a_front_door_whose_links_resolve():
@@ -47,7 +46,7 @@ def test_the_readme_is_a_front_door_whose_links_resolve():
 
 
 def readme_example() -> str:
-    blocks = re.findall(r"^```python\n(.*?)^```", README.read_text(), re.S | re.M)
+    blocks = re.findall(r"^```python\n(.*?)^```", README.read_text(), re.DOTALL | re.MULTILINE)
     assert len(blocks) == 1, "README has one Python example"
     return blocks[0]
 
@@ -65,8 +64,9 @@ def test_the_readme_example_runs(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(traingym, "build_config", tiny, raising=False)
     monkeypatch.chdir(tmp_path)
-    exec(compile(readme_example(), "README.md", "exec"), {"__name__": "readme_example"})
+    code = compile(readme_example(), "README.md", "exec")
+    exec(code, {"__name__": "readme_example"})  # noqa: S102 (the README's own example)
     out = capsys.readouterr().out
-    runs = [p for p in tmp_path.rglob("results.json")]
+    runs = list(tmp_path.rglob("results.json"))
     assert len(runs) == 1, out
     assert "finished" in out.splitlines()[-1]
