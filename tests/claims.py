@@ -5,7 +5,7 @@ A quoted figure carries its source in an HTML comment right after it (invisible 
     held-out +0.572<!-- src: benchmarks/results/house/2026-12-04-bb875e0.json#/default/change -->
 
 The source is a repo-relative result file, `#`, and a JSON pointer (RFC 6901: `/a/0/b`, `~1`
-for a `/` in a key). Several sources and numbers may be combined left to right with `+ - * /`
+for a `/` in a key; in its URI-fragment form a space in a key is written `%20`). Several sources and numbers may be combined left to right with `+ - * /`
 (no precedence), each token separated by spaces:
 
     1.79x<!-- src: F#/trl/s_per_step / F#/ours/s_per_step -->   85%<!-- src: F#/share * 100 -->
@@ -26,6 +26,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 COMMENT = re.compile(r"<!--\s*src:\s*(.*?)\s*-->")
 NUMBER = re.compile(r"(?<![\d.,\w])([-+\u2212]?)(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:[eE]([-+]?\d+))?")
@@ -46,7 +47,7 @@ def _pointer(data, pointer: str):
     if not pointer.startswith("/"):
         raise KeyError(f"pointer {pointer!r} must start with '/'")
     for raw in pointer[1:].split("/"):
-        key = raw.replace("~1", "/").replace("~0", "~")
+        key = unquote(raw).replace("~1", "/").replace("~0", "~")
         if isinstance(data, list):
             data = data[int(key)]
         elif isinstance(data, dict):

@@ -53,12 +53,14 @@ F = "benchmarks/results/x/r.json"
 
 
 def test_the_checker_catches_each_kind_of_drift(tmp_path):
-    data = {"a": {"b": [0.5724, 2.0]}, "t": {"trl": 31.4, "ours": 17.59}}
+    data = {"a": {"b": [0.5724, 2.0]}, "t": {"trl": 31.4, "ours": 17.59}, "h f": {"x/y": 3}}
     good = (f"gain +0.572<!-- src: {F}#/a/b/0 -->, speed 1.79x<!-- src: {F}#/t/trl / {F}#/t/ours"
             f" -->, 21-37x<!-- src: {F}#/a/b/1 * 18.5 -->")
     doc = _tree(tmp_path, good, data)
     assert problems(doc, tmp_path) == []
     assert [c.printed for c in claims(doc, tmp_path)] == ["+0.572", "1.79", "37"]
+    doc.write_text(f"a key with a space and a slash: 3<!-- src: {F}#/h%20f/x~1y -->")
+    assert problems(doc, tmp_path) == []
 
     doc.write_text(good.replace("+0.572", "+0.573"))  # a quoted number edited
     assert "printed +0.573" in " ".join(problems(doc, tmp_path))
