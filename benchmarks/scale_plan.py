@@ -12,8 +12,10 @@ reference workload), plus a 512-GPU run at the fixed 512 x 16 batch. One optimiz
 GPU-side rates are assumptions from published figures (traingym/plan/planner.py
 GPU_PRESETS "h100", each with its source, used unscaled: they were measured on an 8B model;
 docs/scale.md discusses them); the CPU-side costs of weight sync are the delta codec's
-figures measured here, read from benchmarks/results/weight_sync/2026-12-03-6e0ad4b-compress.json
-(planner.codec_figures; BENCHMARKS.md "Weight sync").
+figures measured here: by default the ones `traingym plan` ships (src/traingym/plan/figures/
+codec.json, written by benchmarks/plan_figures.py, which records when, where and at which commit),
+or --codec-figures FILE (planner.codec_figures; the 2026-12-03 results used
+benchmarks/results/weight_sync/2026-12-03-6e0ad4b-compress.json; BENCHMARKS.md "Weight sync").
 The configurations, their weight-sync costs and the sizing are `traingym plan`'s
 (plan/planner.py: planner.candidates, planner.size_row), per scale:
 - sync: colocated (every GPU trains, then generates; trainer_gpus = engines = GPUs), full
@@ -76,18 +78,25 @@ ASSUMPTIONS = {
                              "trainer keeps fp32 masters and would all-reduce 4)"),
 }
 A = {k: v for k, (v, _) in ASSUMPTIONS.items()}
-CODEC = planner.codec_figures()  # benchmarks/results/weight_sync/2026-12-03-6e0ad4b-compress.json
-MEASURED = {
-    "delta_changed_fraction": (CODEC.changed_fraction, f"{CODEC.source}: SmolLM2-135M, "
-                               "lr 1e-6 (the tiered codec's run)"),
-    "delta_bytes_per_changed": (CODEC.bytes_per_changed, f"{CODEC.source}: wire frame bytes "
-                                "per changed element"),
-    "hash_bytes_per_s": (CODEC.hash_bytes_per_s, f"{CODEC.source}: xxh3-128 state hash"),
-    "delta_encode_bytes_per_s": (CODEC.encode_bytes_per_s, f"{CODEC.source}: encode + target "
-                                 "hash (publisher), one core, wall"),
-    "delta_decode_bytes_per_s": (CODEC.decode_bytes_per_s, f"{CODEC.source}: decode + base "
-                                 "re-hash + result hash (subscriber), one core, wall"),
-}
+
+
+def measured(codec: planner.CodecFigures) -> dict[str, tuple[float, str]]:
+    """The delta codec's figures the plan uses, each with its source."""
+    return {
+        "delta_changed_fraction": (codec.changed_fraction, f"{codec.source}: SmolLM2-135M, "
+                                   "lr 1e-6 (the tiered codec's run)"),
+        "delta_bytes_per_changed": (codec.bytes_per_changed, f"{codec.source}: wire frame "
+                                    "bytes per changed element"),
+        "hash_bytes_per_s": (codec.hash_bytes_per_s, f"{codec.source}: xxh3-128 state hash"),
+        "delta_encode_bytes_per_s": (codec.encode_bytes_per_s, f"{codec.source}: encode + "
+                                     "target hash (publisher), one core, wall"),
+        "delta_decode_bytes_per_s": (codec.decode_bytes_per_s, f"{codec.source}: decode + base "
+                                     "re-hash + result hash (subscriber), one core, wall"),
+    }
+
+
+CODEC = planner.codec_figures()  # traingym's own: src/traingym/plan/figures/codec.json
+MEASURED = measured(CODEC)
 PROMPT_TOKENS, COMPLETION_TOKENS, GROUP = 512, 1024, 16
 
 
@@ -218,10 +227,16 @@ def main() -> None:
     p.add_argument("--no-sensitivity", action="store_true")
     p.add_argument("--out", default=str(Path(__file__).parent / "results/scale_plan/2026-12-03-7832fc2.json"))
     p.add_argument("--markdown", metavar="JSON", help="print a results file's tables as markdown")
+    p.add_argument("--codec-figures", metavar="JSON", help="the delta codec's figures "
+                   "(default: traingym's own, src/traingym/plan/figures/codec.json)")
     args = p.parse_args()
     if args.markdown:
         markdown(args.markdown)
         return
+    if args.codec_figures:
+        global CODEC, MEASURED
+        CODEC = planner.codec_figures(args.codec_figures)
+        MEASURED = measured(CODEC)
     results, sens = [], []
     scales = [(g, 8 * g) for g in args.gpus] + ([(512, 512)] if 512 in args.gpus else [])
     for gpus, prompts in scales:

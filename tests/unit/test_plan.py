@@ -13,14 +13,16 @@ import pytest
 from traingym import cli
 from traingym.plan.simulate import SimConfig, simulate, size_cluster
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks/results/weight_sync_compress.json"
+# the delta codec's figures traingym ships (package data, benchmarks/plan_figures.py)
+FIGURES = Path(__file__).resolve().parents[2] / "src/traingym/plan/figures/codec.json"
 
 
 def _codec() -> dict:
-    data = json.loads(RESULTS.read_text())
-    sizes = data["compress"]["steps"][data["timed_step"] - 1]
-    wall = data["throughput"]["wall"]
-    return {"density": sizes["density"], "frame": sizes["traingym_frame"] / sizes["changed"],
+    """The shipped figures, rebuilt from what the file says was measured (not its `figures`)."""
+    m = json.loads(FIGURES.read_text())["measured"]
+    wall = m["wall_GBps"]
+    return {"density": m["changed_at_timed_step"] / m["state_elements"],
+            "frame": m["frame_bytes_at_timed_step"] / m["changed_at_timed_step"],
             "encode": wall["encode_with_hash_GBps"] * 1e9,
             "decode": wall["decode_with_2_hashes_GBps"] * 1e9, "hash": wall["hash_GBps"] * 1e9}
 
@@ -126,8 +128,6 @@ BAD = [
     (["--preset", "tiny", "--gpus", "2", "--gpus-per-engine", "4"], "fewer than"),
     (["--preset", "tiny", "--gpus", "8", "--cluster", "missing.toml"], "no such file"),
     (["--preset", "tiny", "--gpus", "8", "--codec-figures", "missing.json"], "does not exist"),
-    (["--preset", "tiny", "--gpus", "8", "--codec-figures", str(RESULTS.parent / "sandbox.json")],
-     "lacks"),
     (["--preset", "tiny", "--gpus", "8", "--env-median-s", "1", "--env-p99-s", "0.5"],
      "median <= p99"),
     (["--preset", "tiny", "--gpus", "8", "--sim-steps", "3"], "at least 8"),
@@ -144,6 +144,78 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, says):
     assert cli.main(["plan", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("traingym: ") and err.count("\n") == 1 and says in err, err
+
+
+@pytest.mark.parametrize("data,says", [({"figures": {"changed_fraction": 0.01}}, "lacks"),
+                                       ({"timed_step": 1, "compress": {"steps": []}}, "lacks"),
+                                       ([1, 2], "lacks")])
+def test_bad_codec_figures_file(capsys, tmp_path, data, says):
+    path = tmp_path / "figures.json"
+    path.write_text(json.dumps(data))
+    assert cli.main(["plan", "--preset", "tiny", "--gpus", "8", "--codec-figures",
+                     str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("traingym: ") and err.count("\n") == 1 and says in err, err
+
+
+def test_the_shipped_codec_figures_and_their_provenance():
+    """The package's figures file says what was measured, where, when and at which commit, and
+    its figures are the ones its measurements give."""
+    from traingym.plan.planner import codec_figures
+
+    data = json.loads(FIGURES.read_text())
+    prov = data["provenance"]
+    assert len(prov["commit"]) == 40 and prov["started"] and prov["machine"]["cores"]
+    assert "weight_sync.py" in prov["measured_by"] and "plan_figures.py" in prov["command"]
+    f, c = codec_figures(), _codec()
+    assert f.source.startswith("traingym/plan/figures/codec.json")
+    for got, want in ((f.changed_fraction, c["density"]), (f.bytes_per_changed, c["frame"]),
+                      (f.encode_bytes_per_s, c["encode"]), (f.decode_bytes_per_s, c["decode"]),
+                      (f.hash_bytes_per_s, c["hash"])):
+        assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_codec_figures_from_a_weight_sync_result_or_a_figures_file(tmp_path):
+    """--codec-figures reads a weight_sync.py result (compress + throughput) or a file like the
+    shipped one."""
+    from traingym.plan.planner import codec_figures
+
+    ws = {"timed_step": 2, "compress": {"steps": [
+              {"density": 0.5, "traingym_frame": 0, "changed": 1},
+              {"density": 0.02, "traingym_frame": 300, "changed": 200}]},
+          "throughput": {"density": 0.02, "wall": {"encode_with_hash_GBps": 1.5,
+                                                   "decode_with_2_hashes_GBps": 2.5,
+                                                   "hash_GBps": 20.0}}}
+    (tmp_path / "ws.json").write_text(json.dumps(ws))
+    f = codec_figures(tmp_path / "ws.json")
+    assert (f.changed_fraction, f.bytes_per_changed, f.encode_bytes_per_s,
+            f.decode_bytes_per_s, f.hash_bytes_per_s) == (0.02, 1.5, 1.5e9, 2.5e9, 20e9)
+    assert f.source == "ws.json, step 2"
+    shipped = json.loads(FIGURES.read_text())
+    shipped["figures"]["encode_bytes_per_s"] = 7e9
+    (tmp_path / "mine.json").write_text(json.dumps(shipped))
+    mine = codec_figures(tmp_path / "mine.json")
+    assert mine.encode_bytes_per_s == 7e9 and str(tmp_path / "mine.json") in mine.source
+
+
+def test_plan_needs_no_source_checkout(tmp_path):
+    """An installed traingym plans with its own figures: run from another folder, nothing
+    under the checkout's benchmarks/ (nor any file named like a result) is opened."""
+    code = """
+import sys
+opened = []
+sys.addaudithook(lambda e, a: opened.append(str(a[0])) if e == "open" and a and
+                 isinstance(a[0], (str, bytes)) else None)
+from traingym import cli
+assert cli.main(["plan", "--preset", "tiny", "--gpus", "4", "--sim-steps", "8"]) == 0
+bad = [p for p in opened if "benchmarks" in p or "weight_sync" in p]
+assert not bad, bad
+assert any(p.endswith("plan/figures/codec.json") for p in opened), opened
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "delta codec (traingym/plan/figures/codec.json, " in out.stdout
 
 
 @pytest.mark.parametrize("text,says", [("node_gpu = 8\n", "did you mean 'node_gpus'?"),

@@ -4,7 +4,8 @@ pipeline simulator (plan/simulate.py) before any cluster time is spent.
 The config gives the model's size (counted on torch's meta device, no weights loaded), wire
 dtype, step shape and rollout.max_new_tokens (taken as every completion's length: an upper
 bound); flags give what a config cannot know (the target cluster, prompt length, env latency);
-the delta codec's figures come from benchmarks/weight_sync.py's result file (`codec_figures`).
+the delta codec's figures are the ones shipped in the package (plan/figures/codec.json, written by
+benchmarks/plan_figures.py) unless --codec-figures names another file (`codec_figures`).
 Candidates, GPU presets and limits: plan/planner.py. Imports are late because
 `traingym --help` imports this module.
 """
@@ -83,8 +84,10 @@ def add_parser(subparsers) -> None:
                    help="99th percentile of the env step latency (default: the median)")
     p.add_argument("--env-timeout-s", type=float, default=None, help="an env step is cut "
                    "here (default: the sandbox's wall limit, sandbox/base.py Limits.wall_s)")
-    p.add_argument("--codec-figures", metavar="JSON", help=f"weight_sync.py result file "
-                   f"(default {CODEC_FIGURES.relative_to(CODEC_FIGURES.parents[2])})")
+    p.add_argument("--codec-figures", metavar="JSON", help="the delta codec's measured "
+                   "figures: a file of benchmarks/plan_figures.py or a result file of "
+                   "benchmarks/weight_sync.py --sections compress,throughput (default: "
+                   f"traingym's own, traingym/plan/{CODEC_FIGURES})")
     p.add_argument("--sim-steps", type=int, default=20, help="simulated steps (4 warm-up)")
 
 

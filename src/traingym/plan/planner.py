@@ -5,8 +5,10 @@ reference), each sized by plan/simulate.py's size_cluster. Rows whose transport 
 rejects are marked not runnable, and the best is chosen among runnable rows only.
 Limits: GPU preset rates are published 8B-on-H100 figures scaled by REFERENCE_PARAMS / params,
 far too high below 1B parameters (pass measured rates); ideal scaling across gpus_per_engine;
-codec rates are one core's. traingym's trainer and built-in engine run on CPU, so the plan
-predicts the pipeline's rules at GPU rates, not a run placed on GPUs. See also
+codec rates are one core's, measured on one machine (plan/figures/codec.json says which, when
+and at which commit; benchmarks/plan_figures.py measures them again). traingym's trainer and
+built-in engine run on CPU, so the plan predicts the pipeline's rules at GPU rates, not a run
+placed on GPUs. See also
 plan/simulate.py's limits. Imports are late because `traingym --help` imports plan/cli.py.
 """
 
@@ -44,7 +46,9 @@ GPU_PRESETS: dict[str, dict[str, tuple[float, str]]] = {
     },
 }
 SCALED = ("decode_tokens_per_s", "seq_tokens_per_s", "train_tokens_per_s")
-CODEC_FIGURES = Path(__file__).resolve().parents[3] / "benchmarks/results/weight_sync_compress.json"
+# the delta codec's figures shipped with traingym (package data), written by
+# benchmarks/plan_figures.py; `traingym plan --codec-figures FILE` reads another file instead
+CODEC_FIGURES = "figures/codec.json"
 
 
 @dataclass(frozen=True)
@@ -183,19 +187,52 @@ def rates(c: TargetCluster, params: float) -> Rates:
 
 
 def codec_figures(path: str | Path | None = None) -> CodecFigures:
-    """The delta codec's figures at the step the benchmark timed, from the result file of
+    """The delta codec's figures: by default the package's own (plan/figures/codec.json, written
+    by benchmarks/plan_figures.py), so an installed traingym needs no source checkout; `path`
+    reads another file, either one of those or a result file of
     `benchmarks/weight_sync.py --sections compress,throughput` (wall-clock rates)."""
     import json
 
-    path = Path(path) if path else CODEC_FIGURES
-    if not path.is_file():
-        raise bad(f"codec figures: {path} does not exist (a source checkout has it); pass "
-                  "--codec-figures FILE written by benchmarks/weight_sync.py --sections "
-                  "compress,throughput")
+    if path is None:
+        from importlib import resources
+
+        shipped = resources.files("traingym.plan").joinpath(CODEC_FIGURES)
+        name, text = f"traingym/plan/{CODEC_FIGURES}", shipped.read_text()
+    else:
+        path = Path(path)
+        if not path.is_file():
+            raise bad(f"codec figures: {path} does not exist; pass a file written by "
+                      "benchmarks/plan_figures.py or benchmarks/weight_sync.py --sections "
+                      "compress,throughput (or leave --codec-figures out: traingym's own)")
+        name, text = str(path), path.read_text()
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise bad(f"codec figures: {path} is not JSON: {e}") from None
+        raise bad(f"codec figures: {name} is not JSON: {e}") from None
+    if isinstance(data, dict) and "figures" in data:
+        return _shipped_figures(data, name)
+    return weight_sync_figures(data, name)
+
+
+def _shipped_figures(data: dict, name: str) -> CodecFigures:
+    """A figures file of benchmarks/plan_figures.py: {"figures": {CodecFigures' rates}, ...}."""
+    try:
+        f = data["figures"]
+        prov = data.get("provenance", {})
+        when = (prov.get("started") or "")[:10]
+        at = f" at {prov['commit'][:7]}" if prov.get("commit") else ""
+        return CodecFigures(**{k: float(f[k]) for k in (
+            "changed_fraction", "bytes_per_changed", "encode_bytes_per_s", "decode_bytes_per_s",
+            "hash_bytes_per_s")}, source=f"{name}, {when}{at}".rstrip(", "))
+    except (KeyError, TypeError, ValueError) as e:
+        raise bad(f"codec figures: {name} lacks {e} (a figures file of "
+                  "benchmarks/plan_figures.py has figures.changed_fraction, "
+                  "bytes_per_changed, encode_, decode_ and hash_bytes_per_s)") from None
+
+
+def weight_sync_figures(data: dict, name: str) -> CodecFigures:
+    """The figures at the step benchmarks/weight_sync.py timed, from its result (the compress
+    and throughput sections; wall-clock rates)."""
     try:
         step = data["timed_step"]
         sizes = data["compress"]["steps"][step - 1]
@@ -206,12 +243,13 @@ def codec_figures(path: str | Path | None = None) -> CodecFigures:
             encode_bytes_per_s=wall["encode_with_hash_GBps"] * GB,
             decode_bytes_per_s=wall["decode_with_2_hashes_GBps"] * GB,
             hash_bytes_per_s=wall["hash_GBps"] * GB,
-            source=f"{path.name}, step {step}")
+            source=f"{Path(name).name}, step {step}")
+        density = data["throughput"]["density"]
     except (KeyError, IndexError, TypeError) as e:
-        raise bad(f"codec figures: {path} lacks {e} (it needs both the compress and the "
+        raise bad(f"codec figures: {name} lacks {e} (it needs both the compress and the "
                   "throughput sections of benchmarks/weight_sync.py)") from None
-    if abs(figures.changed_fraction - data["throughput"]["density"]) > 1e-12:
-        raise bad(f"codec figures: {path}: the throughput was timed at another step than "
+    if abs(figures.changed_fraction - density) > 1e-12:
+        raise bad(f"codec figures: {name}: the throughput was timed at another step than "
                   "the sizes (density differs)")
     return figures
 
