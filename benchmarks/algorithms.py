@@ -3,34 +3,34 @@
 For each algorithm in --algorithms (default grpo, dapo, gspo, rloo), runs the embedded
 default config (`traingym.train(build_config(overrides={"algorithm": {"name": ...}}))`, the
 same seed, --steps steps; evaluation before and after on the default 128 held-out prompts)
-and writes to --out (default benchmarks/results/algorithms/2026-12-03-f96391c.json), per algorithm: the held-out
+and writes a new result file (benchmarks/resultfile.py), per algorithm: the held-out
 figures before/after/paired delta as the run's results.json holds them (sampled and greedy,
 mean and standard error), the reward per step, groups kept, DAPO's sample_rounds, wall
-seconds; and the commit (read before the first run: the checkout is shared), the load
-average before and after, the command line.
+seconds; `commit_at_start`, read before the first run (the checkout is shared: provenance's
+commit is read when the file is written); and `provenance` (the load average before and after,
+the command line, ...).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/algorithms.py              # the full default
+    PYTHONPATH=src .venv/bin/python benchmarks/algorithms.py   # -> benchmarks/results/algorithms/
     PYTHONPATH=src .venv/bin/python benchmarks/algorithms.py --model tiny --steps 2 \\
         --out /tmp/algorithms_smoke.json                                   # smoke, a minute
 
 The default run takes about 5 minutes per algorithm on the quiet 2-core machine (194 s of loop
-in benchmarks/results/default_run/2026-12-02-1784c2a.json, plus the two evaluations); the result file is rewritten
-after every algorithm, so an interrupted sweep keeps the runs it finished. Not covered: more
-than one seed per algorithm.
+in benchmarks/results/default_run/2026-12-02-1784c2a.json, plus the two evaluations). After
+every algorithm the runs finished so far (with provenance) are rewritten to `<result>.partial`
+beside the result file's name as known at the start, so an interrupted sweep keeps them (rename
+it to .json to keep it); the result file itself is written once, at the end, and the .partial
+removed. Not covered: more than one seed per algorithm.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import resultfile
 
 
 def run_one(name: str, a, work: Path) -> dict:
@@ -60,20 +60,23 @@ def main() -> None:
     p.add_argument("--model", default="embedded", help="'embedded' (the default run) or 'tiny'")
     p.add_argument("--steps", type=int, default=0, help="0: the default config's steps")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(ROOT / "benchmarks/results/algorithms/2026-12-03-f96391c.json"))
+    resultfile.add_args(p)
     a = p.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    out = {"commit": commit, "argv": sys.argv, "load_before": os.getloadavg(), "runs": []}
+    rec = resultfile.start("algorithms", a)  # the commit and load average: before the first run
+    # Progress after every algorithm: <result>.partial, the finished runs plus provenance so far.
+    partial = Path(f"{a.out or resultfile.new_path('algorithms', a.label, rec.started)}.partial")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    out = {"commit_at_start": resultfile.git("rev-parse", "HEAD"), "runs": []}
     with tempfile.TemporaryDirectory(prefix="algorithms-") as tmp:
         for name in a.algorithms.split(","):
             out["runs"].append(run_one(name, a, Path(tmp)))
             r = out["runs"][-1]
             delta = r["eval"].get("delta", {}).get(r["eval"].get("target_metric", ""), {})
             print(f"{name}: held-out delta {delta} in {r['wall_s']:.0f} s", flush=True)
-            out["load_after"] = os.getloadavg()
-            Path(a.out).write_text(json.dumps(out, indent=1))
-    print(f"wrote {a.out}")
+            so_far = {**out, "provenance": resultfile.provenance(rec.started, rec.load_before)}
+            partial.write_text(json.dumps(so_far, indent=1, default=str))
+    rec.write(out)
+    partial.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -24,11 +24,18 @@ weights + gradients + AdamW's two moments (16 B/param) plus the engine's copy (4
 activations and the allocator's slack.
 
     PYTHONPATH=src .venv/bin/python benchmarks/sync_memory.py                 # both models
-    PYTHONPATH=src .venv/bin/python benchmarks/sync_memory.py --models embedded --label x
+        # -> benchmarks/results/sync_memory/<date>-<commit>.json
+    PYTHONPATH=src .venv/bin/python benchmarks/sync_memory.py --models embedded --label before
+    PYTHONPATH=src .venv/bin/python benchmarks/sync_memory.py --models embedded --label after \
+        --merge benchmarks/results/sync_memory/<the before file>.json   # both, side by side
 
-Writes --out (default benchmarks/results/sync_memory/2026-12-04-9e95ed1.json), one entry per (label, model),
-keeping entries of other labels already there (so a 'before' and an 'after' run sit side by
-side), with the commit and the load average. ru_maxrss is a process-wide high-water mark:
+Writes a new result file (benchmarks/resultfile.py; --label is its name's suffix and the
+entries' label, default 'current'), one entry per (label, model), each with the commit and the
+load average when it ran; --merge FILE first copies the entries of an earlier result file (so
+a 'before' and an 'after' run sit side by side; an entry of the same label and model is
+replaced in the new file, never in FILE). After each model the entries so far are written to
+`<result>.partial` (a later model may fail); the result file itself is written at the end and
+the .partial removed. ru_maxrss is a process-wide high-water mark:
 it includes the Python interpreter, torch and the tokenizer (about 0.5 GB), and allocator
 caching can hide a saving smaller than its granularity.
 """
@@ -42,6 +49,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import resultfile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -180,9 +189,10 @@ def main() -> None:
     ap.add_argument("--models", default="embedded,362m")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--label", default="current")
     ap.add_argument("--cache", default="/tmp/traingym_sync_memory")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/sync_memory/2026-12-04-9e95ed1.json"))
+    ap.add_argument("--merge", default=None, metavar="FILE",
+                    help="an earlier result file whose entries the new file starts from")
+    resultfile.add_args(ap)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -190,12 +200,17 @@ def main() -> None:
         args.model = args.child
         print(json.dumps(child(args)))
         return
+    rec = resultfile.start("sync_memory", args)
+    label = args.label or "current"
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out)
-    results = json.loads(out.read_text()) if out.exists() else {"runs": {}}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
+    results: dict = {"runs": {}}
+    if args.merge:
+        results["runs"] = dict(json.loads(Path(args.merge).read_text())["runs"])
+        results["merged_from"] = str(args.merge)
+    partial = Path(f"{args.out or resultfile.new_path('sync_memory', args.label, rec.started)}"
+                   ".partial")
+    commit = resultfile.git("rev-parse", "--short", "HEAD")
     for model in args.models.split(","):
         if model == "362m" and not (cache / "llama-362m").exists():
             subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); "
@@ -212,17 +227,19 @@ def main() -> None:
             sys.exit(f"{model}: child failed (exit {proc.returncode}; -9: killed, e.g. out of "
                      f"memory):\n{proc.stderr[-4000:]}")
         r = json.loads(proc.stdout.strip().splitlines()[-1])
-        r.update(commit=commit, loadavg=os.getloadavg()[0], label=args.label)
-        results["runs"][f"{args.label}/{model}"] = r
-        print(f"{args.label:>8} {model:>9}: peak {r['peak_rss_mib']:.0f} MiB = "
+        r.update(commit=commit, loadavg=os.getloadavg()[0], label=label)
+        results["runs"][f"{label}/{model}"] = r
+        print(f"{label:>8} {model:>9}: peak {r['peak_rss_mib']:.0f} MiB = "
               f"{r['peak_bytes_per_param']:.1f} B/param ({r['params'] / 1e6:.1f}M params, engine "
               f"{r['engine_dtype']}); sync holds {r['sync_extra_copies']:.2f} engine copies "
               f"({r['sync_bytes_per_param']:.2f} B/param), fused decoder "
               f"{r['fused_extra_bytes_per_param']:.2f} B/param", flush=True)
         import shutil
         shutil.rmtree(run_dir, ignore_errors=True)
-        out.parent.mkdir(parents=True, exist_ok=True)  # after each model: a later one may fail
-        out.write_text(json.dumps(results, indent=1) + "\n")
+        partial.parent.mkdir(parents=True, exist_ok=True)  # after each model: a later one may fail
+        partial.write_text(json.dumps(results, indent=1) + "\n")
+    rec.write(results)
+    partial.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
