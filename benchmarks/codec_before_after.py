@@ -14,9 +14,11 @@ bytes, as it would on that link. "before" is a git worktree of --before with its
 built in place (setup.py build_ext --inplace); "after" is this checkout (its kernels as
 installed). Both run this file's --measure code with PYTHONPATH on their own src, in the same
 venv, --rounds times each, alternating, so a slow phase of the shared machine falls on both.
+Writes a new result file with its provenance (benchmarks/resultfile.py; --label names a variant,
+e.g. link_t1).
 
     PYTHONPATH=src .venv/bin/python benchmarks/codec_before_after.py --before 6a7ee36 \\
-        --cache /tmp/ws_cache --out benchmarks/results/codec_before_after/2026-12-04-69bda40.json
+        --cache /tmp/ws_cache          # -> benchmarks/results/codec_before_after/
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import resultfile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,7 +94,7 @@ def main() -> None:
     ap.add_argument("--link-mbps", type=float, default=0.0,
                     help="the link the encoder is told of (Mbit/s; 0: none, fewest bytes), "
                          "where its tree takes one")
-    ap.add_argument("--out", default="/tmp/codec_before_after.json")
+    resultfile.add_args(ap)
     ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.deltas < 3:
@@ -99,6 +103,7 @@ def main() -> None:
         print(json.dumps(measure(args.cache, args.copies, args.threads, args.deltas,
                                  args.link_mbps)))
         return
+    rec = resultfile.start("codec_before_after", args)
     with tempfile.TemporaryDirectory() as tmp:
         before = Path(tmp) / "before"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(before),
@@ -135,11 +140,10 @@ def main() -> None:
         summary[f"after_over_before_{k}"] = summary["after"][k] / summary["before"][k]
     result = {"commits": commits, "copies": args.copies, "threads": args.threads,
               "link_mbps": args.link_mbps,
-              "deltas_per_process": args.deltas, "rounds": args.rounds, "cpu": os.cpu_count(),
+              "deltas_per_process": args.deltas, "rounds": args.rounds,
               "summary": summary, "runs": runs}
-    Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(summary, indent=1))
-    print(f"wrote {args.out}")
+    rec.write(result)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,13 @@ both, lint-imports at this checkout, and with `--default` the default run's held
 (`traingym train` with no config: several minutes on 2 cores).
 
     .venv/bin/python benchmarks/house_check.py --before 914a449 --default
+        # -> benchmarks/results/house/<date>-<commit>.json
+    .venv/bin/python benchmarks/house_check.py --out /tmp/house_check.json   # quick: tiny run only
 
-Writes a NEW file benchmarks/results/house/<date>-<commit>.json (refuses to overwrite one),
-with the commit, whether the tree had uncommitted changes, the machine and its load.
+Writes a NEW file through benchmarks/resultfile.py under the benchmark name `house` (the folder
+these results have always been in, not the script's stem), with its provenance (the commit,
+whether the tree had uncommitted changes, the machine and its load); `uncommitted_changes` is
+whether src/ had any.
 Not covered: the before side uses this venv's packages, not the ones REV pinned.
 """
 
@@ -23,6 +27,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import resultfile
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ("model", "optimizer", "rng")
@@ -87,21 +93,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", help="the commit before the change (a git worktree of it)")
     ap.add_argument("--default", action="store_true", help="also the default run (minutes)")
-    ap.add_argument("--out", help="result file (default: benchmarks/results/house/"
-                    "<date>-<commit>.json)")
+    resultfile.add_args(ap)
     args = ap.parse_args()
-    commit = _git("rev-parse", "--short", "HEAD")
-    out = Path(args.out) if args.out else (
-        ROOT / "benchmarks/results/house" / f"{time.strftime('%Y-%m-%d')}-{commit}.json")
-    if out.exists():
-        raise SystemExit(f"{out} exists: a later run is a new file (pass --out)")
+    rec = resultfile.start("house", args)
     record: dict = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]), "commit": commit,
         "uncommitted_changes": bool(_git("status", "--porcelain", "--", "src")),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
-        "cpu": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                     if ln.startswith("model name")), "?"),
-        "loadavg_before": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "after": {"size": _size(ROOT / "src"), "lint_imports": _lint()},
     }
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,11 +123,9 @@ def main() -> int:
             record["after"]["default_seconds"] = _train(ROOT / "src", run)
             results = json.loads((run / "results.json").read_text())
             record["after"]["default_eval"] = results["eval"]
-    record["loadavg_after"] = os.getloadavg()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1))
-    print(json.dumps({k: record[k] for k in ("commit", "tiny_checkpoints_equal")
-                      if k in record}), f"-> {out}")
+    out = rec.write(record)
+    print(json.dumps({k: record[k] for k in ("tiny_checkpoints_equal",) if k in record}),
+          f"-> {out}")
     if args.default:
         d = record["after"]["default_eval"].get("delta", {})
         print({k: f"{v['delta']:+.3f} +- {v['se']:.3f}" for k, v in d.items()})

@@ -5,10 +5,14 @@ benchmarks/async_utilization.py (the async workload) from two source trees: this
 ("after") and a git worktree of --before ("before"), alternating before/after per item so a
 slow phase of the shared machine falls on both. Each run is a fresh process with
 PYTHONPATH=<tree>/src and that tree's own copy of the benchmark script; the same venv.
-Writes every run's result file, nested, plus a summary (loop: median sync seconds per codec
-and transport; async: samples/s and trainer idle per configuration) to --out.
+Each run writes its result to a temporary file (`--out`), read back here; this writes every
+run's result file, nested (with its own `provenance` where that tree's script records one),
+plus a summary (loop: median sync seconds per codec and transport; async: samples/s and
+trainer idle per configuration) to a new result file with its provenance
+(benchmarks/resultfile.py).
 
     PYTHONPATH=src .venv/bin/python benchmarks/sync_before_after.py          # ~30 min here
+        # -> benchmarks/results/sync_before_after/<date>-<commit>.json
     PYTHONPATH=src .venv/bin/python benchmarks/sync_before_after.py --preset tiny --steps 2 \\
         --transports inproc --async-steps 6 --out /tmp/sba_smoke.json      # smoke
 
@@ -27,6 +31,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import resultfile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,9 +75,10 @@ def main() -> None:
     p.add_argument("--async-steps", type=int, default=30)
     p.add_argument("--async-seeds", default="0")
     p.add_argument("--skip-async", action="store_true")
-    p.add_argument("--out", default=str(ROOT / "benchmarks/results/sync_before_after/2026-12-04-81d6a1c.json"))
+    resultfile.add_args(p)
     a = p.parse_args()
-    result = {"args": vars(a), "cpu_count": os.cpu_count(), "loadavg_before": os.getloadavg(),
+    rec = resultfile.start("sync_before_after", a)
+    result = {"args": vars(a),
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "loop": {}, "async": {}}
     with tempfile.TemporaryDirectory() as tmp:
         before = Path(tmp) / "before"
@@ -99,9 +106,7 @@ def main() -> None:
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                             str(before)], capture_output=True)
-    result["loadavg_after"] = os.getloadavg()
-    Path(a.out).write_text(json.dumps(result, indent=1))
-    print(f"wrote {a.out}")
+    rec.write(result)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,19 @@
 """Weight-sync benchmark on real RL updates. Results for BENCHMARKS.md ("## Weight sync").
 
-    python benchmarks/weight_sync.py                 # all sections, JSON to /tmp (--out)
+    python benchmarks/weight_sync.py        # compress,throughput,tcp
+        # -> benchmarks/results/weight_sync/<date>-<commit>.json
     python benchmarks/weight_sync.py --sections compress,throughput --steps 20
-    python benchmarks/weight_sync.py --sections scaling,lthash --steps 3 --tilings 1,4,16 \
-        --out benchmarks/results/weight_sync_scaling/2026-12-04-4a3e3f7.json    # per-phase times as it grows
+        # -> benchmarks/results/weight_sync/<date>-<commit>-compress-throughput.json
+    python benchmarks/weight_sync.py --sections tcp --threads 2 --label tcp_t2
+    python benchmarks/weight_sync.py --sections scaling,lthash --steps 3 --tilings 1,4,16
+        # per-phase times as it grows -> benchmarks/results/weight_sync_scaling/
+    python benchmarks/weight_sync.py --model tiny --sections scaling,lthash --steps 2 \
+        --tilings 1,4 --repeat 2 --out /tmp/ws_smoke.json                      # smoke, seconds
+
+Each run writes a new result file with its provenance (benchmarks/resultfile.py). A run of only
+weight_sync_scaling.py's sections (scaling, lthash, tier) is benchmark `weight_sync_scaling`,
+any other `weight_sync`; there, a run of other than the default sections is labelled with them
+(joined by '-') unless --label says otherwise.
 
 Sections:
   compress    SmolLM2-135M (the embedded model, fp32 master weights), AdamW at an RL learning
@@ -51,6 +61,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import resultfile
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -65,6 +77,8 @@ from traingym.weights.frame import frame_size, seal  # noqa: E402
 from traingym.weights.hashing import bits, state_hash  # noqa: E402
 
 MODEL_DIR = Path.home() / ".cache/traingym/models/smollm2-135m-instruct"
+SECTIONS = "compress,throughput,tcp"  # the default
+SCALING_SECTIONS = {"scaling", "lthash", "tier"}  # weight_sync_scaling.py's: its own results
 
 
 def tiny_stream(steps: int, lr: float):
@@ -410,7 +424,7 @@ def section_tcp(old, new, copies: int, link: str, threads: int = 1) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sections", default="compress,throughput,tcp")
+    ap.add_argument("--sections", default=SECTIONS)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--copies", type=int, default=4)
@@ -431,13 +445,17 @@ def main() -> None:
     ap.add_argument("--cast", default="",
                     help="scaling: also time the sender from fp32 masters: 'first' (cast, "
                          "then compare), 'fused' (compare while casting), or 'first,fused'")
-    ap.add_argument("--out", default="/tmp/weight_sync_results.json")
+    resultfile.add_args(ap)
     ap.add_argument("--receive", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.receive:
         host, port, n, threads = args.receive.split(":")
         return receiver_main(host, int(port), int(n), int(threads))
     sections = args.sections.split(",")
+    benchmark = "weight_sync_scaling" if set(sections) <= SCALING_SECTIONS else "weight_sync"
+    if args.label is None and benchmark == "weight_sync" and args.sections != SECTIONS:
+        args.label = "-".join(sections)
+    rec = resultfile.start(benchmark, args)
     if args.model == "tiny":
         print(f"tiny Llama, AdamW lr={args.lr}, {args.steps} steps", flush=True)
         states = tiny_stream(args.steps, args.lr)
@@ -446,9 +464,8 @@ def main() -> None:
         states = rl_stream(args.steps, args.lr, args.cache)
     from traingym.weights import native
 
-    res = {"model": args.model, "lr": args.lr, "steps": args.steps, "cpu": os.cpu_count(),
-           "native": native.lib is not None,  # the codec's C kernels (weights/native.py)
-           "load_before": os.getloadavg()}
+    res = {"model": args.model, "lr": args.lr, "steps": args.steps,
+           "native": native.lib is not None}  # the codec's C kernels (weights/native.py)
     densities = [step_sizes(a, b)["density"] for a, b in zip(states, states[1:])] \
         if "compress" not in sections else None
     if "compress" in sections:
@@ -484,9 +501,7 @@ def main() -> None:
         tilings = [int(k) for k in args.tilings.split(",")]
         modes = [c for c in args.cast.split(",") if c]
         res["scaling"] = section_scaling(old, new, tilings, args.repeat, args.threads, modes)
-    res["load_after"] = os.getloadavg()
-    Path(args.out).write_text(json.dumps(res, indent=1))
-    print(f"wrote {args.out}")
+    rec.write(res)
 
 
 if __name__ == "__main__":

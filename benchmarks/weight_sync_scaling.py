@@ -1,8 +1,9 @@
 """Where a delta sync's time goes, per phase, as the model grows: the `scaling` and `lthash`
 sections of benchmarks/weight_sync.py (run them from there; results for BENCHMARKS.md).
 
-    python benchmarks/weight_sync.py --sections scaling,lthash --steps 3 --tilings 1,4,16 \\
-        --out benchmarks/results/weight_sync_scaling/2026-12-04-4a3e3f7.json
+    python benchmarks/weight_sync.py --sections scaling,lthash --steps 3 --tilings 1,4,16
+        # -> benchmarks/results/weight_sync_scaling/<date>-<commit>.json (a run of only this
+        #    file's sections, scaling, lthash and tier, is this benchmark; --label names a variant)
     python benchmarks/weight_sync.py --model tiny --sections scaling,lthash --steps 2 \\
         --tilings 1,4,16 --repeat 2 --out /tmp/ws_smoke.json          # a smoke, seconds
 
