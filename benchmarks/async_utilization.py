@@ -35,16 +35,21 @@ start-up):
   across seeds, mean and standard error, and each configuration's difference to sync (equal
   CPU) on the same seed;
 - async: drops (too stale), mean staleness, restarts;
-- the simulator's prediction (plan/simulate.py) next to each measurement, calibrated with
-  the engine's batch time measured alone here at the engine's thread count (1, or 2 for
-  sync; two batch sizes, a line through them) and the run's own mean train and publish times
-  (inputs the simulator does not model: they vary with what else shares the cores); env
-  latency as configured. Idle fraction and samples/s are predicted, not fitted.
+- the simulator's prediction (plan/simulate.py) next to each measurement, held out: its
+  inputs are the engine's batch time measured alone here at the engine's thread count (1, or
+  2 for sync; two batch sizes, a line through them), the mean train and publish times of the
+  OTHER seeds' runs of the same configuration (separate processes; inputs the simulator does
+  not model: they vary with what else shares the cores), never the predicted run's own, and
+  env latency as configured. Idle fraction and samples/s are predicted, not fitted; the error
+  (`heldout_simulator_error`) is an accuracy check. With one seed there is nothing to hold
+  out: no prediction. --rescore FILE recomputes the held-out predictions of an earlier result
+  file from the measurements it holds (no new runs) and prints them beside the file's own.
 Seeds run one after another, each running every configuration in turn (so slow phases of
 the machine fall on all of them). Figures across seeds are medians unless marked mean.
-Prints a table and writes benchmarks/results/async_utilization/2026-12-03-190ec02.json (--out).
+Prints a table and writes a new result file with its provenance (benchmarks/resultfile.py).
 
     PYTHONPATH=src .venv/bin/python benchmarks/async_utilization.py
+        # -> benchmarks/results/async_utilization/<date>-<commit>.json
     PYTHONPATH=src .venv/bin/python benchmarks/async_utilization.py --steps 6 --warmup 2 \
         --seeds 0 --out /tmp/async_utilization_smoke.json      # smoke: about 2 min
 """
@@ -62,6 +67,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import resultfile
 
 
 @dataclass(frozen=True)
@@ -147,17 +154,33 @@ def calibrate_engine(model_dir: Path, prompts: int, tokens: int, threads: int
     return one - 4 * per_row, per_row
 
 
-def predict(name: str, args, gen: tuple[float, float], run: dict, seed: int) -> dict:
+def predict(name: str, args, gen: tuple[float, float], train_s: float, publish_s: float,
+            seed: int) -> dict:
+    """The simulator's trainer idle, samples/s and drops for configuration `name` at `seed`,
+    with the engine batch time `gen` (fixed, per row) and the given train and publish times."""
     from traingym.plan.simulate import SimConfig, simulate
 
     k = CONFIGS[name].max_staleness
     r = simulate(SimConfig(steps=args.steps, prompts_per_step=args.prompts, group_size=4,
                            mode="sync" if k is None else "async", max_staleness=k or 0,
                            gen_fixed_s=gen[0], gen_row_s=gen[1], env_median_s=args.median_s,
-                           env_sigma=args.sigma, train_s=run["seconds_train_mean"],
-                           publish_s=run["seconds_sync_mean"], warmup=args.warmup, seed=seed))
+                           env_sigma=args.sigma, train_s=train_s, publish_s=publish_s,
+                           warmup=args.warmup, seed=seed))
     return {"trainer_idle_frac": r.trainer_idle_frac, "samples_per_s": r.samples_per_s,
             "dropped": r.dropped}
+
+
+def predict_heldout(name: str, args, gen: tuple[float, float], runs: dict[int, dict],
+                    seed: int) -> dict | None:
+    """The prediction for `seed`'s run of `name` from the mean train and publish times of the
+    other seeds' runs of `name` (never its own); None with a single seed."""
+    others = sorted(s for s in runs if s != seed)
+    if not others:
+        return None
+    train_s = statistics.fmean(runs[s]["seconds_train_mean"] for s in others)
+    publish_s = statistics.fmean(runs[s]["seconds_sync_mean"] for s in others)
+    return {**predict(name, args, gen, train_s, publish_s, seed), "inputs_from_seeds": others,
+            "train_s": train_s, "publish_s": publish_s}
 
 
 def pin(cores: list[int]) -> None:
@@ -233,12 +256,16 @@ def summarize_seeds(runs: dict[int, dict], equal: dict[int, dict] | None,
            "trainer_idle_frac": med("trainer_idle_frac"), "samples_per_s": med("samples_per_s"),
            "seconds_train_mean": med("seconds_train_mean"),
            "cpu_cores_used": med("cpu_cores_used"),
-           "reward_last_half": _mean_se([r["reward_last_half"] for r in runs.values()]),
-           "simulated_samples_per_s": statistics.median(
-               r["simulated"]["samples_per_s"] for r in runs.values()),
-           "simulated_idle": statistics.median(
-               r["simulated"]["trainer_idle_frac"] for r in runs.values())}
-    out["simulator_error"] = out["simulated_samples_per_s"] / out["samples_per_s"] - 1
+           "reward_last_half": _mean_se([r["reward_last_half"] for r in runs.values()])}
+    # held out: each seed predicted from the other seeds' train and publish times
+    predicted = [r["simulated_heldout"] for r in runs.values() if r.get("simulated_heldout")]
+    out["heldout_simulated_samples_per_s"] = statistics.median(
+        p["samples_per_s"] for p in predicted) if predicted else None
+    out["heldout_simulated_idle"] = statistics.median(
+        p["trainer_idle_frac"] for p in predicted) if predicted else None
+    out["heldout_simulator_error"] = (
+        out["heldout_simulated_samples_per_s"] / out["samples_per_s"] - 1 if predicted
+        else None)
     if equal:
         out["x_sync_equal_cpu"] = statistics.median(
             runs[s]["samples_per_s"] / equal[s]["samples_per_s"] for s in runs)
@@ -274,7 +301,7 @@ def print_table(summary: dict, args, gen: dict, runs: dict) -> None:
     print(f"\n{len(args.seeds)} seeds; medians, reward as mean +- SE over seeds")
     print(f"{'config':10} {'cores':>5} {'threads':>7} {'idle':>6} {'samples/s':>9} "
           f"{'x sync':>6} {'x 1core':>7} {'cores used':>10} {'reward (2nd half)':>18} "
-          f"{'vs sync':>16} {'dropped':>7} {'sim idle':>8} {'sim samples/s':>14}")
+          f"{'vs sync':>16} {'dropped':>7} {'sim idle':>8} {'sim samples/s':>14} (held out)")
     for name, r in summary.items():
         c = r["cpu"]
         threads = f"{c['trainer_threads']}" + (f"+{c['engine_threads']}" if "engine_threads" in c
@@ -284,13 +311,15 @@ def print_table(summary: dict, args, gen: dict, runs: dict) -> None:
         x_eq = f"{r['x_sync_equal_cpu']:.2f}" if "x_sync_equal_cpu" in r else "-"
         x_hw = f"{r['x_sync_1core_more_hardware']:.2f}" if "x_sync_1core_more_hardware" in r \
             else "-"
+        sim = (f"{r['heldout_simulated_idle']:8.1%} {r['heldout_simulated_samples_per_s']:8.1f} "
+               f"({r['heldout_simulator_error']:+.0%})"
+               if r["heldout_simulator_error"] is not None else f"{'n/a (one seed)':>23}")
         print(f"{name:10} {len(c['cores']):5} {threads:>7} {r['trainer_idle_frac']:6.1%} "
               f"{r['samples_per_s']:9.1f} {x_eq:>6} {x_hw:>7} {r['cpu_cores_used']:10.2f} "
-              f"{rw[0]:10.3f} +- {rw[1]:.3f} {vs:>16} {r.get('dropped', '-'):>7} "
-              f"{r['simulated_idle']:8.1%} {r['simulated_samples_per_s']:8.1f} "
-              f"({r['simulator_error']:+.0%})")
+              f"{rw[0]:10.3f} +- {rw[1]:.3f} {vs:>16} {r.get('dropped', '-'):>7} {sim}")
     print("x sync: against sync on the same cores (equal CPU: the gain from pipelining); "
-          "x 1core: against sync on one core (more hardware)")
+          "x 1core: against sync on one core (more hardware); sim: the simulator with each "
+          "seed's train and publish times taken from the other seeds' runs (held out)")
     for threads, (fixed, row) in gen.items():
         print(f"engine batch, {threads} thread(s): {fixed:.3f} s + {row * 1e3:.2f} ms/row "
               "(measured alone)")
@@ -298,6 +327,40 @@ def print_table(summary: dict, args, gen: dict, runs: dict) -> None:
     for name, rs in runs.items():
         curve = rs[args.seeds[0]]["reward_curve"]
         print(f"  {name:10} " + " ".join(f"{n}:{v:.3f}" for n, v in curve[4::5]))
+
+
+def rescore(path: str) -> None:
+    """Print the held-out predictions of an earlier result file, recomputed from the engine
+    batch times and the runs' train and publish times it holds, beside the measurements and
+    the file's own predictions (those of files written before the held-out check fed each run
+    its own train time: a consistency check, not an accuracy one)."""
+    data = json.loads(Path(path).read_text())
+    a = data["args"]
+    args = argparse.Namespace(**{k: a[k] for k in ("steps", "prompts", "median_s", "sigma",
+                                                    "warmup")})
+    gen = {int(k.split("_")[0]): (v["fixed"], v["per_row"])
+           for k, v in data["engine_batch_s"].items()}
+    print(f"{path}: {len(a['seeds'])} seeds; medians over seeds")
+    print(f"{'config':10} {'idle':>6} {'samples/s':>9}  {'file: sim idle, samples/s':>27}  "
+          f"{'held out: sim idle, samples/s':>31}")
+    for name, rs in data["runs"].items():
+        if name not in CONFIGS:
+            raise SystemExit(f"--rescore: {path} has configuration {name!r}, which this script "
+                             f"no longer runs ({sorted(CONFIGS)})")
+        rs = {int(seed): r for seed, r in rs.items()}
+        g = gen[allocation(name, data["cores"]).get("engine_threads", CONFIGS[name].threads)]
+        held = [h for seed in rs if (h := predict_heldout(name, args, g, rs, seed))]
+        m = data["summary"][name]
+        own = (f"{m['simulated_idle']:6.1%} {m['simulated_samples_per_s']:7.1f} "
+               f"({m['simulator_error']:+.0%})" if "simulator_error" in m else "-")
+        if held:
+            sps = statistics.median(h["samples_per_s"] for h in held)
+            idle = statistics.median(h["trainer_idle_frac"] for h in held)
+            out = f"{idle:6.1%} {sps:7.1f} ({sps / m['samples_per_s'] - 1:+.0%})"
+        else:
+            out = "n/a (one seed)"
+        print(f"{name:10} {m['trainer_idle_frac']:6.1%} {m['samples_per_s']:9.1f}  {own:>27}  "
+              f"{out:>31}")
 
 
 def main() -> None:
@@ -318,11 +381,17 @@ def main() -> None:
     p.add_argument("--pin", type=int, nargs="+", help=argparse.SUPPRESS)  # for --one
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--run-dir", help=argparse.SUPPRESS)
-    p.add_argument("--out", default=str(Path(__file__).parent / "results/async_utilization/2026-12-03-190ec02.json"))
+    p.add_argument("--rescore", metavar="JSON", help="print an earlier result file's "
+                   "held-out simulator predictions, recomputed from its measurements (no runs)")
+    resultfile.add_args(p)
     args = p.parse_args()
     if args.one:
         run_one(args.one, args)
         return
+    if args.rescore:
+        rescore(args.rescore)
+        return
+    rec = resultfile.start("async_utilization", args)
     cores = args.cores or sorted(os.sched_getaffinity(0))[:2]
     if len(set(cores)) != 2:
         raise SystemExit(f"async_utilization: the equal-CPU comparison needs two cores; this "
@@ -354,14 +423,15 @@ def main() -> None:
                     raise RuntimeError(f"{name}: asked for {cpu}, the run saw {seen}")
                 r = {**summarize(run_dir, args.warmup, 4), "wall_s": wall, "cpu": cpu,
                      "cpu_seen_by_trainer": seen, "cpu_s": cpu_s, "cpu_cores_used": cpu_s / wall}
-                engine_threads = cpu.get("engine_threads", side.threads)
-                r["simulated"] = predict(name, args, gen[engine_threads], r, seed)
                 runs[name][seed] = r
                 print(f"seed {seed} {name:10} cores {cpu['cores']} idle "
                       f"{r['trainer_idle_frac']:6.1%} samples/s {r['samples_per_s']:6.1f} "
-                      f"(simulated {r['simulated']['samples_per_s']:6.1f}) reward "
-                      f"{r['reward_last_half']:.3f} cores used {r['cpu_cores_used']:.2f}",
-                      flush=True)
+                      f"reward {r['reward_last_half']:.3f} cores used "
+                      f"{r['cpu_cores_used']:.2f}", flush=True)
+    for name, rs in runs.items():  # predicted once every seed has run: held out
+        gen_of = gen[allocation(name, cores).get("engine_threads", CONFIGS[name].threads)]
+        for seed, r in rs.items():
+            r["simulated_heldout"] = predict_heldout(name, args, gen_of, rs, seed)
     summary = {name: summarize_seeds(  # equal CPU: async against sync on the same two cores
         rs, runs.get(EQUAL) if CONFIGS[name].max_staleness is not None else None,
         runs.get(ONE_CORE) if name != ONE_CORE else None) for name, rs in runs.items()}
@@ -370,16 +440,14 @@ def main() -> None:
     print("targets, on the equal-CPU figures:")
     for key, t in judged.items():
         print(f"  {key}: {t['value']:.3f} {'met' if t['met'] else 'MISSED'}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
+    rec.write({
         "args": {k: v for k, v in vars(args).items()
                  if k not in ("one", "model_dir", "run_dir", "seed", "pin")},
-        "cores": cores, "cpu_count": os.cpu_count(), "loadavg_at_end": os.getloadavg(),
+        "cores": cores,
         "cpu_allocation": {name: allocation(name, cores) for name in args.only},
         "engine_batch_s": {f"{n}_threads": {"fixed": g[0], "per_row": g[1]}
                            for n, g in gen.items()},
-        "targets_equal_cpu": judged, "summary": summary, "runs": runs}, indent=1))
-    print(f"wrote {args.out}")
+        "targets_equal_cpu": judged, "summary": summary, "runs": runs})
 
 
 if __name__ == "__main__":

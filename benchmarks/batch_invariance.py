@@ -4,17 +4,18 @@ at a time, with the engine in fp32 and in bf16; counts the answers whose token i
 This is the engine's plain batched decoding, not serve's continuous batching: it separates a
 property of the dtype from one of the batcher (BENCHMARKS.md "Serving").
 
-    PYTHONPATH=src .venv/bin/python benchmarks/batch_invariance.py    # -> benchmarks/results/batch_invariance/2026-12-04-6342991.json
+    PYTHONPATH=src .venv/bin/python benchmarks/batch_invariance.py
+        # -> benchmarks/results/batch_invariance/<date>-<commit>.json
+    PYTHONPATH=src .venv/bin/python benchmarks/batch_invariance.py --requests 2 --tokens 4 \\
+        --out /tmp/batch_invariance.json                               # smoke
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
-from pathlib import Path
 
+import resultfile
 import torch
 
 from traingym.models.families import stop_token_ids
@@ -28,8 +29,9 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--tokens", type=int, default=24)
-    p.add_argument("--out", default=str(Path(__file__).parent / "results/batch_invariance/2026-12-04-6342991.json"))
+    resultfile.add_args(p)
     a = p.parse_args()
+    rec = resultfile.start("batch_invariance", a)
     torch.set_num_threads(2)
     model, tok = load_policy("embedded", seed=0)
     stops = tuple(stop_token_ids(tok))
@@ -42,7 +44,7 @@ def main() -> None:
     reqs = [GenerationRequest(ids, 1, params) for ids in prompts]
     out = {"model": "embedded", "requests": a.requests, "new_tokens": a.tokens,
            "fast_bf16": fast_bf16(),  # precision.py: bf16 kernels on this CPU (auto picks bf16)
-           "loadavg_before": os.getloadavg(), "dtypes": {}}
+           "dtypes": {}}
     for dt in (torch.float32, torch.bfloat16):
         eng = TorchEngine(model, tok.pad_token_id, dtype=dt)
         together = [c[0].token_ids for c in eng.generate_sync(reqs)]
@@ -56,10 +58,8 @@ def main() -> None:
                                "first_differing_token": first}
         print(f"{name}: {len(differ)} of {len(reqs)} greedy answers differ batched vs alone",
               flush=True)
-    out["loadavg_after"] = os.getloadavg()
     out["when"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    Path(a.out).write_text(json.dumps(out, indent=1))
-    print(f"wrote {a.out}")
+    rec.write(out)
 
 
 if __name__ == "__main__":

@@ -13,16 +13,18 @@ Steps, in one process, timed together (`wall_s`):
 2. train (`traingym.train`, sync mode, the default config with the overrides below);
 3. evaluate the final checkpoint the same way (same rows, same seed).
 
---out gets: held-out pass rates before and after (sampled pass@1 at T=1, the named target;
-greedy pass rate; mean fraction of tests passed), each with its standard error over problems
-and the paired per-problem difference with its SE and z; the training reward and seconds of
-every step; the wall time of each phase; and the sandbox pool over the training run: per step
-(from events.jsonl and the sandbox_acquire spans of the trace, which carry the pool's state:
-sandbox/pool.py `snapshot`) the acquisitions, queue wait, sandboxes live, the Little's-law
-target (busy = rate x hold, buffer) the pool computed, and utilisation (busy / live
-sandbox-seconds); and the same over the whole run with the L = lambda x W check.
+The result file (benchmarks/resultfile.py: a new file under benchmarks/results/code_rl_demo/,
+with provenance) gets: held-out pass rates before and after (sampled pass@1 at T=1, the named
+target; greedy pass rate; mean fraction of tests passed), each with its standard error over
+problems and the paired per-problem difference with its SE and z; the training reward and
+seconds of every step; the wall time of each phase; and the sandbox pool over the training run:
+per step (from events.jsonl and the sandbox_acquire spans of the trace, which carry the pool's
+state: sandbox/pool.py `snapshot`) the acquisitions, queue wait, sandboxes live, the
+Little's-law target (busy = rate x hold, buffer) the pool computed, and utilisation (busy /
+live sandbox-seconds); and the same over the whole run with the L = lambda x W check.
 
     PYTHONPATH=src .venv/bin/python benchmarks/code_rl_demo.py        # the real run (minutes)
+        # -> benchmarks/results/code_rl_demo/<date>-<commit>.json
     PYTHONPATH=src .venv/bin/python benchmarks/code_rl_demo.py --tiny --out /tmp/crl.json
 
 --tiny: the tiny random model, 2 steps, 8 held-out problems: a smoke test of the script, not a
@@ -41,17 +43,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from code_task_run import commit  # noqa: E402
+import resultfile
 
 
 def write_rows(path: Path, rows: list[dict]) -> str:
@@ -203,8 +200,9 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny model, 2 steps: smoke only")
     ap.add_argument("--work-dir", default=None, help="where rows, the run and evals go "
                     "(default: a temporary folder, removed)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/code_rl_demo/2026-12-04-6a3cf48.json"))
+    resultfile.add_args(ap)
     args = ap.parse_args()
+    rec = resultfile.start("code_rl_demo", args)
     if args.tiny:
         args.steps, args.heldout, args.prompts_per_step = 2, args.heldout or 8, 4
         args.max_new_tokens, args.eval_samples = min(args.max_new_tokens, 16), 2
@@ -213,7 +211,7 @@ def main() -> None:
     check_disjoint(train_rows, heldout)
     if args.heldout:
         heldout = heldout[:args.heldout]
-    load_before, t_start = os.getloadavg(), time.monotonic()
+    t_start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work_dir or tmp)
         if args.work_dir and work.exists() and any(work.iterdir()):
@@ -246,10 +244,8 @@ def main() -> None:
         wall = time.monotonic() - t_start
     scores = compare(pass_scores(before), pass_scores(after))
     out = {
-        "command": "python benchmarks/code_rl_demo.py " + " ".join(sys.argv[1:]),
-        **commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "tiny": args.tiny,
-        "model": model, "backend": args.backend, "cpu_count": os.cpu_count(),
-        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "tiny": args.tiny,
+        "model": model, "backend": args.backend,
         "settings": {k: getattr(args, k) for k in ("steps", "prompts_per_step", "group_size",
                                                     "max_new_tokens", "lr", "eval_samples")},
         "problems": {"train": len(train_rows), "heldout_used": len(heldout),
@@ -266,8 +262,7 @@ def main() -> None:
                           if isinstance(v, int | float | str | None)},
         "pool": pool,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1, default=str))
+    path = rec.write(out)
     for name, d in scores.items():
         p = d["paired"]
         z = f"{p['z']:.1f}" if p["z"] is not None else "-"
@@ -277,7 +272,7 @@ def main() -> None:
     print(f"{len(events)} steps; wall {wall:.0f} s (eval {eval_before_s:.0f} + train "
           f"{train_s:.0f} + eval {eval_after_s:.0f}); pool: {run.get('acquisitions')} "
           f"acquisitions, mean wait {run.get('wait_mean_s')}, utilisation "
-          f"{run.get('utilisation')} over training; wrote {args.out}")
+          f"{run.get('utilisation')} over training; wrote {path}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 server's memory while a live run appends.
 
     python benchmarks/dashboard.py [--steps 10000] [--samples 100000] [--repeats 20]
-        [--live-s 60] [--out benchmarks/results/dashboard/2026-12-03-89ac5dd.json]
+        [--live-s 60] [--label L]      # -> benchmarks/results/dashboard/<date>-<commit>.json
+    python benchmarks/dashboard.py --steps 200 --samples 1000 --repeats 2 --live-s 3 \\
+        --out /tmp/dashboard.json      # smoke
 
 1. Writes a synthetic run directory (a temporary folder): config.json, events.jsonl with
    --steps records carrying the key set of a tiny run's events (EVENT_KEYS below, copied from
@@ -44,6 +46,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+import resultfile
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARTS_JS = ROOT / "src/traingym/dashboard/static/charts.js"
@@ -153,10 +157,10 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=100000)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--live-s", type=float, default=60.0)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/dashboard/2026-12-03-89ac5dd.json"))
+    resultfile.add_args(ap)
     args = ap.parse_args()
+    rec = resultfile.start("dashboard", args)
     rng = random.Random(0)
-    load_start = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="dashboard-bench-"))
     run = tmp / "runs" / "big"
     t = time.perf_counter()
@@ -290,15 +294,10 @@ def main() -> None:
         server_log = (tmp / "server.log").read_text()
         shutil.rmtree(tmp)
     result.update(
-        command="python benchmarks/dashboard.py " + " ".join(sys.argv[1:]),
         data={"steps": args.steps, "samples": args.samples, "event_keys": len(EVENT_KEYS) + 2,
               "bytes": sizes, "write_s": write_s},
-        server_exit_code=code, server_log_tail=server_log[-500:],
-        machine={"cpus": os.cpu_count(), "load_start": load_start, "load_end": os.getloadavg(),
-                 "python": sys.version.split()[0]})
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+        server_exit_code=code, server_log_tail=server_log[-500:])
+    rec.write(result)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 the delta codec's streams cost against those bounds.
 
     python benchmarks/delta_context.py [--steps 20] [--lr 1e-6] [--cache DIR] [--at 1,2,3,20]
+        # -> benchmarks/results/delta_context/<date>-<commit>.json
     python benchmarks/delta_context.py --steps 2 --at 1,2 --out /tmp/delta_context_smoke.json
 
 Same workload as benchmarks/weight_sync.py (SmolLM2-135M, AdamW on a policy-gradient
@@ -16,12 +17,12 @@ surrogate, bf16 states). For each chosen step, in bits per changed element:
   codec's value stream as sent; and the alternative it replaced (exponent class through zstd
   plus raw low bits, in the same order).
 Entropies are empirical (the model's description is not counted). A measurement, not a codec.
-Writes the raw bit totals and the per-changed-element figures of each step to --out
-(BENCHMARKS.md "Where the bits go": benchmarks/results/delta_context/2026-12-03-b367689.json).
+Writes the raw bit totals and the per-changed-element figures of each step to a new result file
+with its provenance (benchmarks/resultfile.py; BENCHMARKS.md "Where the bits go" quotes
+benchmarks/results/delta_context/2026-12-03-b367689.json).
 """
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ import numpy as np
 import zstandard
 
 sys.path.insert(0, str(Path(__file__).parent))
+import resultfile
 from weight_sync import rl_stream  # noqa: E402
 
 from traingym.weights import entropy, tiered  # noqa: E402
@@ -123,8 +125,9 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--cache", help="state cache folder, as in weight_sync.py")
     ap.add_argument("--at", default="1,2,3,20", help="steps to measure")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results/delta_context/2026-12-03-b367689.json"))
+    resultfile.add_args(ap)
     args = ap.parse_args()
+    rec = resultfile.start("delta_context", args)
     states = rl_stream(args.steps, args.lr, args.cache)
     steps = {}
     for i in (int(x) for x in args.at.split(",")):
@@ -146,10 +149,7 @@ def main():
         print("  values:    zeroth-order {val_h0:.2f}  given old exponent {val_exp:.2f}  "
               "codec {val_codec:.2f}  (class + raw low bits instead: {val_classes:.2f})"
               .format(**f), flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"args": {k: v for k, v in vars(args).items()
-                                                   if k != "cache"}, "steps": steps}, indent=1))
-    print(f"wrote {args.out}")
+    rec.write({"args": {k: v for k, v in vars(args).items() if k != "cache"}, "steps": steps})
 
 
 if __name__ == "__main__":

@@ -6,10 +6,12 @@
    `distill.teacher = <teacher run dir>`, `distill.coef = 1`, `distill.reward_coef = 0` (the
    task reward is not used in the loss), same lr.
 Held-out figures before/after of both runs (paired over prompts, SEs) and each distillation
-step's mean reverse-KL estimate (`kl`) go to --out (default
-benchmarks/results/distill_<model>.json), with the commit and the load average.
+step's mean reverse-KL estimate (`kl`) go to a new result file, labelled with the model
+unless --label says otherwise, with its provenance (benchmarks/resultfile.py: the commit, the
+load average, ...).
 
     PYTHONPATH=src .venv/bin/python benchmarks/distill.py                    # tiny, ~1 min
+        # -> benchmarks/results/distill/<date>-<commit>-tiny.json
     PYTHONPATH=src .venv/bin/python benchmarks/distill.py --model embedded --teacher-steps 40 \\
         --student-steps 20 --lr 1e-5
 
@@ -20,10 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import tempfile
 from pathlib import Path
+
+import resultfile
 
 
 def main() -> None:
@@ -32,16 +34,16 @@ def main() -> None:
     ap.add_argument("--teacher-steps", type=int, default=16)
     ap.add_argument("--student-steps", type=int, default=8)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--out", default=None)
+    resultfile.add_args(ap)
     args = ap.parse_args()
+    args.label = args.label or args.model  # the file says which model: <date>-<commit>-tiny.json
+    rec = resultfile.start("distill", args)
     import traingym
     from traingym.observability.events import read_events
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
     preset = "tiny" if args.model == "tiny" else "default"
     ev = {"num_prompts": 32, "samples_per_prompt": 4} if args.model == "tiny" else {}
-    record = {"commit": commit, "load_avg_start": os.getloadavg(), "args": vars(args)}
+    record = {"args": vars(args)}
     with tempfile.TemporaryDirectory() as tmp:
         t = traingym.train(traingym.build_config(preset, overrides={
             "steps": args.teacher_steps, "eval": ev, "trainer": {"lr": args.lr}}),
@@ -53,10 +55,7 @@ def main() -> None:
         record["teacher"] = t.eval
         record["student"] = s.eval
         record["student_kl_per_step"] = [e["kl"] for e in read_events(s.run_dir)]
-    record["load_avg_end"] = os.getloadavg()
-    out = Path(args.out or f"benchmarks/results/distill_{args.model}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1))
+    rec.write(record)
     print(json.dumps({"teacher": t.eval.get("delta"), "student": s.eval.get("delta")}, indent=1))
 
 

@@ -1,19 +1,19 @@
 """Time and profile one built-in engine call: 16 arith prompts x 64 greedy tokens, bf16.
 
-    python benchmarks/engine_profile.py [--plain-hf-forward] [--out FILE]   # FILE default:
-                                                  benchmarks/results/engine_profile.json
+    python benchmarks/engine_profile.py [--plain-hf-forward] [--label L]
+        # -> benchmarks/results/engine_profile/<date>-<commit>[-L].json
+    python benchmarks/engine_profile.py --out /tmp/engine_profile.json    # a check, not a result
 
-Prints the wall time of one warm call and the torch profiler's top ops (where decode time goes),
-and writes both to --out. One call: single figures move by 20-35% between runs on a shared
-machine (BENCHMARKS.md); compare commits side by side, not against an old figure.
+Prints the wall time of one warm call and the torch profiler's top ops (where decode time
+goes), and writes both to a new result file with its provenance (benchmarks/resultfile.py). One
+call: single figures move by 20-35% between runs on a shared machine (BENCHMARKS.md); compare
+commits side by side, not against an old figure.
 """
 
 import argparse
-import json
-import os
 import time
-from pathlib import Path
 
+import resultfile
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -27,8 +27,9 @@ from traingym.core.types import GenerationRequest, SamplingParams
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--plain-hf-forward", action="store_true", help="engine without the fused path")
-    ap.add_argument("--out", default="benchmarks/results/engine_profile.json")
+    resultfile.add_args(ap)
     args = ap.parse_args()
+    rec = resultfile.start("engine_profile", args)
     torch.set_num_threads(2)
     folder = embedded_model_dir()
     tok = AutoTokenizer.from_pretrained(folder)
@@ -45,13 +46,11 @@ def main():
         engine.generate_sync(reqs)
     ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:25]
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
+    rec.write({
         "fused": not args.plain_hf_forward, "threads": 2, "torch": torch.__version__,
-        "loadavg_at_end": os.getloadavg(), "one_call_s": one_call_s,
+        "one_call_s": one_call_s,
         "top_ops_self_cpu": [{"name": e.key, "self_cpu_s": e.self_cpu_time_total / 1e6,
-                              "calls": e.count} for e in ops]}, indent=1))
-    print(f"wrote {args.out}")
+                              "calls": e.count} for e in ops]})
 
 
 if __name__ == "__main__":

@@ -11,23 +11,24 @@ runs on slow fallbacks for all three). The ratio is taken against the fastest HF
 (`vllm_vs_traingym`). Each setting's first call is a warm-up, timed and recorded on its own
 (`warmup_s`; vLLM's start is `vllm.start_s`); then `--repeats` rounds time every setting once
 in turn (interleaved, so machine noise falls on all settings alike), and each setting's median
-is reported. The load average is recorded at the start and the end.
+is reported. Each run writes a new result file with its provenance (benchmarks/resultfile.py:
+the load average at the start and the end, the commit, CPU, versions, threads).
 
 Not compared: prompts of other lengths, vLLM's server mode (HTTP), continuous batching of
 requests that arrive over time.
-    python benchmarks/engine_throughput.py --repeats 3   # benchmarks/results/engine_throughput/2026-12-03-10ad4be.json
+
+    python benchmarks/engine_throughput.py --repeats 3   # -> benchmarks/results/engine_throughput/
     python benchmarks/engine_throughput.py --repeats 1 --new-tokens 8 --batches 16 \
-        --out /tmp/engine_throughput_smoke.json             # smoke
+        --dtypes float32 --no-vllm --out /tmp/engine_throughput_smoke.json   # smoke
 """
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import time
-from pathlib import Path
 
+import resultfile
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
@@ -150,12 +151,12 @@ def main():
     ap.add_argument("--no-vllm", action="store_true", help="time HF and traingym only")
     ap.add_argument("--new-tokens", type=int, default=64, help="per row (64 for the figures; "
                     "fewer only for a smoke run)")
-    ap.add_argument("--out", default="benchmarks/results/engine_throughput/2026-12-03-10ad4be.json")
+    resultfile.add_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    load_start = os.getloadavg()
+    rec = resultfile.start("engine_throughput", args)
     folder = embedded_model_dir()
     tok = AutoTokenizer.from_pretrained(folder)
     renderer = PromptRenderer(tok, prefill="")
@@ -192,12 +193,10 @@ def main():
             engine.close()
     results["vllm"] = vllm_info
     results["machine"] = {"cpu": platform.processor() or platform.machine(),
-                          "threads": args.threads, "torch": torch.__version__,
-                          "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg()}
+                          "threads": args.threads, "torch": torch.__version__}
     results["args"] = {"repeats": args.repeats, "batches": args.batches, "new_tokens": new,
                        "dtypes": args.dtypes}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    rec.write(results)
 
 
 if __name__ == "__main__":

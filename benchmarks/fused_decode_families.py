@@ -9,23 +9,24 @@ of the fastest rounds (on a loaded machine the least disturbed round is closest 
 code's own cost) and the median of the per-round ratios; checks both give the same logits.
 
     .venv/bin/python benchmarks/fused_decode_families.py            # embedded SmolLM2-135M
-    .venv/bin/python benchmarks/fused_decode_families.py --model tiny
+        # -> benchmarks/results/fused_decode_families/<date>-<commit>.json
+    .venv/bin/python benchmarks/fused_decode_families.py --model tiny   # ... <commit>-tiny.json
 
-Writes benchmarks/results/fused_decode_families/2026-12-03-1ab2d9b.json.
+Writes a new result file with its provenance (benchmarks/resultfile.py); with --model tiny its
+name ends in -tiny unless --label says otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import resultfile
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,8 +65,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default=str(ROOT / "benchmarks/results/fused_decode_families/2026-12-03-1ab2d9b.json"))
+    resultfile.add_args(p)
     args = p.parse_args()
+    args.label = args.label or ("tiny" if args.model == "tiny" else None)
+    rec = resultfile.start("fused_decode_families", args)
     torch.set_num_threads(args.threads)
     from traingym.models.loader import load_policy
     from traingym.rollout.fused_decoder import FusedDecoder
@@ -100,18 +103,14 @@ def main() -> None:
         "new_over_old_per_round": paired,
         "new_over_old_paired_median": statistics.median(paired),
         "max_abs_logit_diff": (last["new"] - last["old"]).abs().max().item(),
-        "load_avg": os.getloadavg(), "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                 capture_output=True, text=True).stdout.strip(),
+        "python": sys.version.split()[0], "torch": torch.__version__,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    path = rec.write(result)
     print(f"{args.model}: old {med['old'] * 1e3:.2f} ms/step, new {med['new'] * 1e3:.2f} "
           f"ms/step, new/old {result['new_over_old']:.3f} (fastest rounds: "
           f"{result['new_over_old_min']:.3f}, median per-round ratio: "
           f"{result['new_over_old_paired_median']:.3f}), max |logit diff| "
-          f"{result['max_abs_logit_diff']:.1e} -> {args.out}")
+          f"{result['max_abs_logit_diff']:.1e} -> {path}")
 
 
 if __name__ == "__main__":

@@ -13,12 +13,13 @@ the 'before' reading). Settings:
   must use, since Hugging Face drops the KV cache under checkpointing);
 - full_rows_checkpointed: `trainer.gradient_checkpointing = true`.
 
-Writes --out (default benchmarks/results/grad_ckpt_memory/2026-12-03-14af89c.json) with each setting's RSS
-before/after/increase (MiB), seconds of the pass, the loss (the three must agree), the commit
-and the load average. Peak RSS is a process-wide high-water mark: allocator caching can hide
+Writes a new result file (benchmarks/resultfile.py) with each setting's RSS before/after/increase
+(MiB), seconds of the pass, the loss (the three must agree), and its provenance (the commit, the
+load average, ...). Peak RSS is a process-wide high-water mark: allocator caching can hide
 a saving smaller than its granularity, and one pass is one sample of the timing.
 
     PYTHONPATH=src .venv/bin/python benchmarks/grad_ckpt_memory.py
+        # -> benchmarks/results/grad_ckpt_memory/<date>-<commit>.json
     PYTHONPATH=src .venv/bin/python benchmarks/grad_ckpt_memory.py --model tiny --out /tmp/x.json
 """
 
@@ -30,7 +31,8 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+import resultfile
 
 SETTINGS = {"shared_prompt": {}, "full_rows": {"full_rows": True},
             "full_rows_checkpointed": {"gradient_checkpointing": True}}
@@ -85,29 +87,26 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--completion-len", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="benchmarks/results/grad_ckpt_memory/2026-12-03-14af89c.json")
+    resultfile.add_args(ap)
     ap.add_argument("--setting", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.setting:
         print(json.dumps(child(args)))
         return
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    rec = resultfile.start("grad_ckpt_memory", args)
     results = {}
     for name in SETTINGS:
         cmd = [sys.executable, __file__, "--setting", name] + [
             f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-            if k not in ("setting", "out")]
+            if k not in ("setting", "out", "label")]
         out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
         if out.returncode:
             raise SystemExit(f"{name} failed:\n{out.stderr[-3000:]}")
         results[name] = json.loads(out.stdout.strip().splitlines()[-1])
         print(name, results[name], flush=True)
-    record = {"commit": commit, "load_avg": os.getloadavg(),
-              "args": {k: v for k, v in vars(args).items() if k != "setting"},
+    record = {"args": {k: v for k, v in vars(args).items() if k != "setting"},
               "settings": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(record, indent=1))
+    rec.write(record)
 
 
 if __name__ == "__main__":

@@ -5,11 +5,13 @@ Runs the loop (default config unless --preset/--set say otherwise) once per entr
 fraction, and the sync phases (cast to the engine dtype, encode + target hash, send, receive +
 verify + apply, engine update = copy into the engine's model + fused-weight refresh), then
 the engine's `fused.refresh()` timed alone. Writes every run's sync events, the medians and
-the full / delta ratio to --out (BENCHMARKS.md "In the training loop").
+the full / delta ratio to a new result file with its provenance (benchmarks/resultfile.py;
+BENCHMARKS.md "In the training loop").
 
     PYTHONPATH=src OMP_NUM_THREADS=2 .venv/bin/python benchmarks/loop_sync.py --set steps=3
+        # -> benchmarks/results/loop_sync/<date>-<commit>.json
     PYTHONPATH=src OMP_NUM_THREADS=2 .venv/bin/python benchmarks/loop_sync.py --set steps=4 \
-        --codecs auto,delta,full --out benchmarks/results/loop_sync_auto.json
+        --codecs auto,delta,full --label auto   # -> benchmarks/results/loop_sync/...-auto.json
     PYTHONPATH=src .venv/bin/python benchmarks/loop_sync.py --preset tiny --set steps=2 \
         --codecs delta,full --out /tmp/loop_sync_smoke.json                     # smoke
 """
@@ -17,13 +19,12 @@ the full / delta ratio to --out (BENCHMARKS.md "In the training loop").
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+import resultfile
 import torch
 
 from traingym.config.load import build_config
@@ -62,8 +63,9 @@ def main() -> None:
     p.add_argument("--transport", default="inproc")
     p.add_argument("--codecs", default="delta,full,delta,full",
                    help="runs in this order (alternate them: the machine is shared and noisy)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results/loop_sync/2026-12-03-647e521.json"))
+    resultfile.add_args(p)
     args = p.parse_args()
+    rec = resultfile.start("loop_sync", args)
     runs = []
     with tempfile.TemporaryDirectory() as root:
         for codec in args.codecs.split(","):
@@ -94,15 +96,12 @@ def main() -> None:
         else None
     if ratio is not None:
         print(f"full / delta sync time: {ratio:.2f}x")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
-        "args": vars(args), "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-        "loadavg_at_end": os.getloadavg(),
+    rec.write({
+        "args": vars(args), "torch_threads": torch.get_num_threads(),
         "runs": [{"codec": codec, "refresh_alone_s": refresh,
                   "events": [{k: e[k] for k in KEPT} for e in events]}
                  for codec, events, refresh in runs],
-        "median_sync_s": medians, "full_over_delta_sync_time": ratio}, indent=1))
-    print(f"wrote {args.out}")
+        "median_sync_s": medians, "full_over_delta_sync_time": ratio})
 
 
 if __name__ == "__main__":

@@ -10,10 +10,12 @@
    and the seconds of the weight sync (events.jsonl `seconds_sync`: cast, encode, send,
    verify, engine update; for 'adapter' the engine's merge too), medians over the steps.
 
-Writes --out (default benchmarks/results/lora/2026-12-03-f38ef6a.json) with the commit (read first: the checkout
-is shared), the load average at start and end, the config overrides and the figures.
+Writes a new result file (benchmarks/resultfile.py) with `commit_at_start` (read first: the
+checkout is shared; provenance's commit is read when the file is written), the config overrides
+and the figures, and its provenance (the load average at start and end, ...).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/lora.py                       # the default run's length
+    PYTHONPATH=src .venv/bin/python benchmarks/lora.py          # the default run's length
+        # -> benchmarks/results/lora/<date>-<commit>.json
     PYTHONPATH=src .venv/bin/python benchmarks/lora.py --model tiny --steps 3 --sync-steps 2 \\
         --out /tmp/lora_smoke.json                                         # smoke, seconds
 
@@ -25,12 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+import resultfile
 
 
 def run(overrides: dict, run_dir: Path) -> tuple[dict, list[dict]]:
@@ -58,17 +60,16 @@ def main() -> None:
     ap.add_argument("--sync-steps", type=int, default=5)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-4)
-    ap.add_argument("--out", default="benchmarks/results/lora/2026-12-03-f38ef6a.json")
+    resultfile.add_args(ap)
     args = ap.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    load_start = os.getloadavg()
+    rec = resultfile.start("lora", args)
+    commit = resultfile.git("rev-parse", "--short", "HEAD")
     base = {"model": {"path": args.model}, "trainer": {"lr": args.lr},
             "lora": {"rank": args.rank, "alpha": 2.0 * args.rank}}
     if args.model == "tiny":
         base["task"] = {"reward": "traingym.envs.tasks:digit_fraction"}
         base["eval"] = {"num_prompts": 16, "samples_per_prompt": 2}
-    record: dict = {"commit": commit, "load_avg_start": load_start, "args": vars(args)}
+    record: dict = {"commit_at_start": commit, "args": vars(args)}
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.monotonic()
         adapter = {**base, "steps": args.steps, "lora": {**base["lora"], "sync": "adapter"}}
@@ -84,9 +85,7 @@ def main() -> None:
         _, merged_events = run(merged, Path(tmp) / "merged")
         record["sync"] = {"adapter": sync_figures(events, args.sync_steps),
                           "merged": sync_figures(merged_events, args.sync_steps)}
-    record["load_avg_end"] = os.getloadavg()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(record, indent=1))
+    rec.write(record)
     print(json.dumps({"sync": record["sync"], "delta": record["reward"]["eval"].get("delta")},
                      indent=1))
 

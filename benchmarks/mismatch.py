@@ -7,16 +7,19 @@ fp32 trainer: trainer.bf16_autocast false) in four settings, one run each, same 
 - engine fp32 / trainer fp32, algorithm.is_correction none and tis (cap 2, token level);
 - engine bf16 / trainer fp32 (model.engine_dtype bfloat16), none and tis;
 
-and writes each step's figures from the run's events.jsonl to --out (default
-benchmarks/results/mismatch/2026-12-03-00e8def.json): mismatch_abs_logp (mean |log p_trainer - log p_engine| over
-policy tokens), mismatch_kl_k3 (mean k3, an estimate of KL(engine || trainer)), and under tis
-the correction's is_capped_frac (tokens whose ratio passed the cap: truncated), is_zero_frac
-and is_weight_mean; with reward, groups kept and seconds per step, the commit, the load
-average, and per setting the means over the steps that trained. The commit is read before
-the first run (the checkout is shared: it may move while the runs go on).
+and writes each step's figures from the run's events.jsonl to a new result file
+(benchmarks/resultfile.py, with its provenance): mismatch_abs_logp (mean
+|log p_trainer - log p_engine| over policy tokens), mismatch_kl_k3 (mean k3, an estimate of
+KL(engine || trainer)), and under tis the correction's is_capped_frac (tokens whose ratio
+passed the cap: truncated), is_zero_frac and is_weight_mean; with reward, groups kept and
+seconds per step, and per setting the means over the steps that trained. `commit_at_start`
+(and whether the tree had uncommitted changes then) is read before the first run (the checkout
+is shared: it may move while the runs go on; provenance's commit is read when the file is
+written).
 
     PYTHONPATH=src .venv/bin/python benchmarks/mismatch.py                     # ~minutes
-    PYTHONPATH=src .venv/bin/python benchmarks/mismatch.py --engines torch,vllm
+        # -> benchmarks/results/mismatch/<date>-<commit>.json
+    PYTHONPATH=src .venv/bin/python benchmarks/mismatch.py --engines torch,vllm --label vllm
     PYTHONPATH=src .venv/bin/python benchmarks/mismatch.py --model tiny --steps 2 \\
         --out /tmp/mismatch_smoke.json                                         # smoke, seconds
 
@@ -31,18 +34,12 @@ trainer in bf16 autocast (this CPU has no bf16 kernels: benchmarks/results/loop_
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from code_task_run import commit  # noqa: E402  (the checkout's commit and local changes)
+import resultfile
 
 STEP_KEYS = ("step", "groups_kept", "trained_tokens", "reward_mean", "mismatch_abs_logp",
              "mismatch_kl_k3", "is_weight_mean", "is_zero_frac", "is_capped_frac", "loss",
@@ -101,20 +98,20 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8, help="rollout.prompts_per_step")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (shared machine)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/mismatch/2026-12-03-00e8def.json"))
+    resultfile.add_args(ap)
     args = ap.parse_args()
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     check_engines(engines)
-    load_before, checkout = os.getloadavg(), commit()  # the code the runs import: now
+    rec = resultfile.start("mismatch", args)
+    checkout = {  # the code the runs import: now
+        "commit_at_start": resultfile.git("rev-parse", "HEAD"),
+        "uncommitted_changes_at_start": bool(
+            resultfile.git("status", "--porcelain", "--untracked-files=no"))}
     rows = [run_one(engine, dtype, corr, args) for engine in engines for dtype, corr in SETTINGS]
-    out = {"command": "python benchmarks/mismatch.py " + " ".join(sys.argv[1:]), **checkout,
-           "date": time.strftime("%Y-%m-%d"), "cpu_count": os.cpu_count(),
-           "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+    out = {**checkout, "date": time.strftime("%Y-%m-%d"),
            "model": args.model, "steps": args.steps, "prompts_per_step": args.prompts,
            "group_size": 4, "seed": args.seed, "threads": args.threads, "runs": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"wrote {args.out}")
+    rec.write(out)
 
 
 if __name__ == "__main__":

@@ -1,26 +1,28 @@
 """What 'auto' precision chooses on this machine, and why: one train step and one engine call of
 the embedded model in fp32 and in bf16, side by side (alternating, after a warm-up of each).
 
-    python benchmarks/precision.py [--rows 64] [--new-tokens 8] [--reps 2] [--out FILE]
-    # FILE default: benchmarks/results/precision/2026-12-03-ce922bc.json
+    python benchmarks/precision.py [--new-tokens 8] [--reps 2]
+        # -> benchmarks/results/precision/<date>-<commit>.json
+    python benchmarks/precision.py --prompts 2 --group 2 --new-tokens 2 --reps 1 \
+        --out /tmp/precision_smoke.json                               # smoke
 
 Train step: the trainer's own step (TorchTrainer.train_step: forward, backward, AdamW) on a
 batch of the default run's shape (16 arith prompts x 4 samples of --new-tokens completion
 tokens), with trainer.bf16_autocast False and True. Engine: TorchEngine.generate_sync on the
 same 16 prompts x 4 samples, engine weights fp32 and bf16. Writes the median of --reps timed
 repetitions per setting, the ratios bf16/fp32, whether oneDNN reports bf16 kernels
-(precision.fast_bf16) and what 'auto' picks, with the load average before and after.
+(precision.fast_bf16) and what 'auto' picks, with the result file's provenance
+(benchmarks/resultfile.py: the load average before and after, the commit, ...).
 """
 
 import argparse
 import copy
 import json
-import os
 import platform
 import statistics
 import time
-from pathlib import Path
 
+import resultfile
 import torch
 
 from traingym.trainer.config import TrainerConfig
@@ -40,10 +42,10 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=8)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="benchmarks/results/precision/2026-12-03-ce922bc.json")
+    resultfile.add_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    load0 = os.getloadavg()
+    rec = resultfile.start("precision", args)
     model, tok = load_policy("embedded")
     prompts = [PromptRenderer(tok).ids(r) for r in builtin_task("arith").heldout[: args.prompts]]
     params = SamplingParams(1.0, max_new_tokens=args.new_tokens)
@@ -72,7 +74,8 @@ def main():
     med = {k: statistics.median(v) for k, v in times.items()}
     result = {
         "command": "python benchmarks/precision.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
+            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+            if k not in ("out", "label")),
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
                     "torch": torch.__version__,
                     "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -83,10 +86,8 @@ def main():
         "seconds_median": med, "seconds_all": times,
         "bf16_over_fp32": {w: med[f"{w}_bf16"] / med[f"{w}_fp32"]
                            for w in ("train_step", "generate")},
-        "load_before": load0, "load_after": os.getloadavg(),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    rec.write(result)
     print(json.dumps(result["bf16_over_fp32"]), json.dumps(med))
 
 

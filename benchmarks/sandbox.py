@@ -1,6 +1,7 @@
 """Sandbox execution latency and throughput, and a seeded simulation of pool sizing.
 
-    python benchmarks/sandbox.py [--n 200] [--out benchmarks/results/sandbox/2026-12-02-1db7c1c.json]
+    python benchmarks/sandbox.py [--n 200]      # -> benchmarks/results/sandbox/<date>-<commit>.json
+    python benchmarks/sandbox.py --n 10 --sim-s 5 --out /tmp/sandbox_smoke.json        # smoke
 
 Part 1, side by side in one run: per-execution latency (p50/p99) of a small Python snippet for
   - bare:  `python -I -c SNIPPET` as a plain subprocess (no isolation at all),
@@ -19,6 +20,8 @@ the buffer gives acquisition wait p50/p99 and the generator idle fraction (lane 
 waiting for a sandbox). The knee is the smallest buffer whose idle fraction is within
 --knee-tol of the largest buffer's; the pool's own sizing (`target_size` on the simulated
 rate, mean hold and mean ready time) is compared with it.
+
+Writes a new result file with its provenance (benchmarks/resultfile.py).
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import heapq
-import json
 import math
 import random
 import statistics
 import sys
 import time
-from pathlib import Path
+
+import resultfile
 
 from traingym.sandbox import Limits, open_sandbox
 from traingym.sandbox.pool import SandboxPool, target_size
@@ -203,8 +206,9 @@ def main():
     ap.add_argument("--sim-s", type=float, default=120.0, help="simulated seconds per point")
     ap.add_argument("--knee-tol", type=float, default=0.005)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="benchmarks/results/sandbox/2026-12-02-1db7c1c.json")
+    resultfile.add_args(ap)
     args = ap.parse_args()
+    rec = resultfile.start("sandbox", args)
     print("part 1: latency and throughput", flush=True)
     measured = asyncio.run(measure(args.n))
     print("part 2: pool sizing simulation", flush=True)
@@ -218,10 +222,8 @@ def main():
                for k, v in measured.items() if k != "pool_stats"}
     ratio = measured["warm"]["exec_per_s_2_workers"] / measured["bare"]["exec_per_s_2_workers"]
     print(f"warm pool vs bare subprocess throughput: {ratio:.2f}x")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"latency": summary, "throughput_ratio_warm_vs_bare": ratio,
-                                          "pool_stats": measured["pool_stats"], "simulation": sim},
-                                         indent=1))
+    rec.write({"latency": summary, "throughput_ratio_warm_vs_bare": ratio,
+               "pool_stats": measured["pool_stats"], "simulation": sim})
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Sandbox images: build once, start again from the cache, and run from the warm pool.
 
     python benchmarks/sandbox_images.py [--requirement numpy] [--n 20]
-        [--out benchmarks/results/sandbox_images/2026-12-03-880edbc.json]
+        # -> benchmarks/results/sandbox_images/<date>-<commit>.json (benchmarks/resultfile.py)
 
 In one run, with a fresh cache folder (so the first call really builds):
   - build_s: the first `get_image` (venv + installer; the installer's output is shown);
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import platform
 import shutil
 import statistics
@@ -25,7 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
+
+import resultfile
 
 from traingym.sandbox import Limits, open_sandbox
 from traingym.sandbox.images import ImageSpec, get_image, remove_image
@@ -78,8 +78,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requirement", default="numpy")
     ap.add_argument("--n", type=int, default=20)
-    ap.add_argument("--out", default="benchmarks/results/sandbox_images/2026-12-03-880edbc.json")
+    resultfile.add_args(ap)
     args = ap.parse_args()
+    rec = resultfile.start("sandbox_images", args)
     cache = tempfile.mkdtemp(prefix="traingym-images-bench-", dir="/var/tmp")
     spec = ImageSpec(requirements=(args.requirement,))
     t0 = time.monotonic()
@@ -101,14 +102,12 @@ def main() -> None:
         "cold_start_with_image": ms(cold_image),
         "cold_start_default_image": ms(cold_default),
         "warm_pool_exec_import": ms(warm),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load "
-                   f"{os.getloadavg()[0]:.1f}",
         "python": platform.python_version(),
     }
     remove_image(image)  # read-only on disk
     shutil.rmtree(cache)  # what is left: the lock file
     print(json.dumps(result, indent=1))
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    rec.write(result)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,14 @@ time, completion tokens per second, requests per second, p50/p99 latency; the th
 ratio (concurrent / one at a time; target >= 4x); whether every greedy answer was the same
 both ways; the server's batching counters (continuous batching on the built-in engine: decode
 steps and most rows live at once; dynamic batching on other engines: engine calls and most
-requests in one call); the load average before and after. Writes benchmarks/results/serve/2026-12-03-9fbfeda.json.
+requests in one call). Writes a new result file with its provenance (benchmarks/resultfile.py:
+the load average before and after, the commit, ...).
 
     .venv/bin/python benchmarks/serve.py [--model embedded] [--requests 32] [--clients 16]
-        [--set model.engine_dtype=float32] [--out FILE]
+        [--set model.engine_dtype=float32 --label fp32]
+        # -> benchmarks/results/serve/<date>-<commit>[-fp32].json
+    .venv/bin/python benchmarks/serve.py --model tiny --requests 4 --clients 2 \
+        --out /tmp/serve_smoke.json                                   # smoke
 """
 
 from __future__ import annotations
@@ -26,9 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+import resultfile
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -80,16 +83,16 @@ def main() -> int:
     p.add_argument("--model", default="embedded")
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--clients", type=int, default=16)
-    p.add_argument("--out", default=str(RESULTS / "serve.json"))
+    resultfile.add_args(p)
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    help="passed to `traingym serve --set`, e.g. model.engine_dtype=float32")
     a = p.parse_args()
+    rec = resultfile.start("serve", a)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile("w", prefix="serve_bench_", suffix=".log", delete=False)
-    load_before = os.getloadavg()
     sets = [x for kv in a.overrides for x in ("--set", kv)]
     server = subprocess.Popen([sys.executable, "-m", "traingym.cli", "serve", a.model, "--port",
                                str(port), *sets], stdout=log, stderr=subprocess.STDOUT)
@@ -134,12 +137,11 @@ def main() -> int:
         "differing_answers": sum(x != y for x, y in zip(answers_one, answers_many)),
         "batching_mode": mode, **batching,
         "server_exit_code": code,
-        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-        "cpu_count": os.cpu_count(), "torch_threads_env": os.environ.get("OMP_NUM_THREADS"),
+        "torch_threads_env": os.environ.get("OMP_NUM_THREADS"),
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    Path(a.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
+    rec.write(result)
     return 0
 
 

@@ -5,10 +5,11 @@ JSONL written to a temporary folder). Run 1: `sft` section (--sft-steps steps of
 conversations, lr --sft-lr) then --steps GRPO steps; run 2: the same GRPO steps without the
 SFT phase. Both evaluate the held-out set before training (the base model) and after; run 1
 also after the SFT phase (eval_after_sft.json). Figures: the SFT phase's first and last loss,
-held-out means and paired deltas, to --out (default benchmarks/results/sft_then_rl_<model>.json)
-with the commit and the load average.
+held-out means and paired deltas, to a new result file, labelled with the model unless --label
+says otherwise, with its provenance (benchmarks/resultfile.py: the commit, the load average, ...).
 
     PYTHONPATH=src .venv/bin/python benchmarks/sft_then_rl.py                # tiny, ~1 min
+        # -> benchmarks/results/sft_then_rl/<date>-<commit>-tiny.json
     PYTHONPATH=src .venv/bin/python benchmarks/sft_then_rl.py --model embedded --steps 40 \\
         --sft-lr 1e-5
 
@@ -19,10 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import tempfile
 from pathlib import Path
+
+import resultfile
 
 
 def main() -> None:
@@ -31,16 +32,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--sft-steps", type=int, default=20)
     ap.add_argument("--sft-lr", type=float, default=3e-3)
-    ap.add_argument("--out", default=None)
+    resultfile.add_args(ap)
     args = ap.parse_args()
+    args.label = args.label or args.model  # the file says which model: <date>-<commit>-tiny.json
+    rec = resultfile.start("sft_then_rl", args)
     import traingym
     from traingym.observability.events import read_events
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
     preset = "tiny" if args.model == "tiny" else "default"
     ev = {"num_prompts": 32, "samples_per_prompt": 4} if args.model == "tiny" else {}
-    record = {"commit": commit, "load_avg_start": os.getloadavg(), "args": vars(args)}
+    record = {"args": vars(args)}
     with tempfile.TemporaryDirectory() as tmp:
         chats = Path(tmp) / "chats.jsonl"
         chats.write_text("".join(json.dumps({"messages": [
@@ -60,10 +61,7 @@ def main() -> None:
         rl = traingym.train(traingym.build_config(preset, overrides=base),
                             run_dir=Path(tmp) / "rl", progress=False)
         record["rl_only"] = rl.eval
-    record["load_avg_end"] = os.getloadavg()
-    out = Path(args.out or f"benchmarks/results/sft_then_rl_{args.model}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1))
+    rec.write(record)
     print(json.dumps({k: record[k] for k in ("sft_loss_first", "sft_loss_last", "after_sft")},
                      indent=1))
     print("sft+rl", both.eval.get("delta"), "\nrl only", rl.eval.get("delta"))

@@ -5,20 +5,21 @@ The built-in engine's decode step at batch B runs dozens of element-wise ops per
 more than 32,768 elements (at::internal::GRAIN_SIZE): at batch 64 a (64, 1, 576) tensor has
 36,864, so each op waits on both threads, and on a machine whose other core is busy that wait
 dominates. This script times the same ops at batch 16 and 64 with 1 and 2 threads, alternating,
-and records the load average:
+and writes a new result file with its provenance (benchmarks/resultfile.py: the load average,
+the commit, ...):
 
-    .venv/bin/python benchmarks/small_op_threads.py        # benchmarks/results/small_op_threads/2026-12-03-1b74c9f.json
+    .venv/bin/python benchmarks/small_op_threads.py   # -> benchmarks/results/small_op_threads/
+    .venv/bin/python benchmarks/small_op_threads.py --rounds 1 --calls 20 \
+        --out /tmp/small_op_threads.json              # smoke
 
 Microseconds per op, median of --rounds rounds of --calls calls each.
 """
 
 import argparse
-import json
-import os
 import statistics
 import time
-from pathlib import Path
 
+import resultfile
 import torch
 import torch.nn.functional as F
 
@@ -43,9 +44,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=500)
-    ap.add_argument("--out", default="benchmarks/results/small_op_threads/2026-12-03-1b74c9f.json")
+    resultfile.add_args(ap)
     args = ap.parse_args()
-    load_start = os.getloadavg()
+    rec = resultfile.start("small_op_threads", args)
     results: dict = {}
     for batch in (16, 64):
         for name, fn in ops(batch).items():
@@ -60,10 +61,7 @@ def main():
             key = f"batch {batch}: {name}"
             results[key] = {f"{t}_threads_us": statistics.median(s) for t, s in samples.items()}
             print(key, {k: round(v, 1) for k, v in results[key].items()})
-    out = {"command": "python benchmarks/small_op_threads.py", "torch": torch.__version__,
-           "load_start": load_start, "load_end": os.getloadavg(), "median_us": results}
-    Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"wrote {args.out}")
+    rec.write({"torch": torch.__version__, "median_us": results})
 
 
 if __name__ == "__main__":

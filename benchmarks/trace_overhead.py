@@ -6,9 +6,11 @@ Per run: the wall seconds of `traingym.train` and the sum of the step records'
 `seconds_step` (the loop alone: no model load, no merge); per setting the median over
 --rounds; the cost of one span measured alone (20,000 spans, off and on) and that cost times
 the spans per step as a fraction of the untraced step; the ratio on/off of both medians and the median of the per-round ratios; the
-trace's span count per step; the commit, load average before and after, the command.
+trace's span count per step; in a new result file whose provenance (benchmarks/resultfile.py)
+has the commit, load average before and after, the command.
 
     PYTHONPATH=src .venv/bin/python benchmarks/trace_overhead.py            # ~2 minutes
+        # -> benchmarks/results/trace_overhead/<date>-<commit>.json
     PYTHONPATH=src .venv/bin/python benchmarks/trace_overhead.py --rounds 3 --out /tmp/t.json
 
 Not covered: async runs (engine processes write their own shards the same way, one write
@@ -19,15 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import resultfile
 
 
 def run_one(trace_on: bool, steps: int, work: Path) -> dict:
@@ -74,11 +73,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--out", default=str(ROOT / "benchmarks/results/trace_overhead/2026-12-03-9cc36a2.json"))
+    resultfile.add_args(p)
     a = p.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    load_before = os.getloadavg()
+    rec = resultfile.start("trace_overhead", a)
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         run_one(True, 1, Path(tmp))  # warm-up: imports, the model cache
@@ -101,10 +98,8 @@ def main() -> None:
         "span_cost": cost,
         "span_cost_per_step_frac": cost["on_us"] * rounds[0]["on"]["spans_per_step"] / 1e6
         / (med["loop_s"]["off"] / a.steps),
-        "commit": commit, "load_before": load_before, "load_after": os.getloadavg(),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
     }
-    Path(a.out).write_text(json.dumps(out, indent=1))
+    rec.write(out)
     print(json.dumps({k: v for k, v in out.items() if k != "rounds"}, indent=1))
 
 

@@ -2,6 +2,7 @@
 side in one process (issue 13, acceptance 6).
 
     python benchmarks/trainer_throughput.py                          # 16 x 4 x 8, 5 timed steps
+        # -> benchmarks/results/trainer_throughput/<date>-<commit>.json (benchmarks/resultfile.py)
     python benchmarks/trainer_throughput.py --prompts 4 --steps 1 --out /tmp/tt.json  # smoke
 
 Only the train step is timed: forward, backward and the optimizer (grad-norm clip + AdamW), on
@@ -51,16 +52,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import platform
 import random
 import statistics
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
 
+import resultfile
 import torch
 
 CLIP_LOW, CLIP_HIGH, BETAS, GRAD_CLIP = 0.2, 0.28, (0.9, 0.99), 1.0
@@ -171,15 +171,6 @@ def trl_side(a, model, tok, data, work: Path):
     return step, f"{type(opt).__name__} (optim={name}, fused={opt.defaults.get('fused')})"
 
 
-def commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--prompts", type=int, default=16)
@@ -191,7 +182,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="benchmarks/results/trainer_throughput/2026-12-03-10ad4be.json")
+    resultfile.add_args(p)
     a = p.parse_args()
     if a.prompts % a.micro_groups:
         raise SystemExit(f"--prompts {a.prompts} must be a multiple of --micro-groups "
@@ -202,7 +193,7 @@ def main() -> None:
     for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ.setdefault(k, "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    load0 = os.getloadavg()
+    rec = resultfile.start("trainer_throughput", a)
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     import transformers
@@ -237,31 +228,29 @@ def main() -> None:
         speed[k] = {"median_s": med, "tokens_per_s": tokens / med, "min_s": min(t),
                     "max_s": max(t), "all_s": t}
     ratio = speed["traingym"]["tokens_per_s"] / speed["trl"]["tokens_per_s"]
-    load1 = os.getloadavg()
     for k, s in speed.items():
         print(f"{k:8} {s['median_s']:.3f} s/step  {s['tokens_per_s']:.1f} trained tokens/s")
     print(f"traingym / TRL tokens/s: {ratio:.2f}x  (target >= 1.5x)")
     print(f"first step: loss traingym {first['traingym']['loss']:+.6f} TRL "
           f"{first['trl']['loss']:+.6f}; grad_norm traingym {first['traingym']['grad_norm']:.6f} "
           f"TRL {first['trl']['grad_norm']:.6f}")
-    flags = [f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items()]
+    flags = [f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items()
+             if k not in ("out", "label")]
     report = {
         "command": "python benchmarks/trainer_throughput.py " + " ".join(flags),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "commit": commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "settings": {**vars(a), "prompt_tokens": len(data[0][0]),
                      "trained_tokens_per_step": tokens, "precision": "fp32",
                      "gradient_checkpointing": False, "loss": "token-level (GRPO / dapo)"},
         "optimizers": {k: v[1] for k, v in sides.items()},
         "machine": {"cpu": platform.processor() or platform.machine(),
-                    "cpu_count": os.cpu_count(), "threads": a.threads},
+                    "threads": a.threads},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "trl": trl.__version__},
         "speed": speed, "ratio_traingym_over_trl_tokens_per_s": ratio, "target_ratio": 1.5,
-        "first_step": first, "loadavg_start": load0, "loadavg_end": load1,
+        "first_step": first,
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(report, indent=1))
-    print(f"wrote {a.out}")
+    rec.write(report)
 
 
 if __name__ == "__main__":

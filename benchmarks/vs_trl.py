@@ -1,8 +1,10 @@
 """traingym against TRL's GRPOTrainer on CPU: seconds per RL step and held-out reward.
 
     python benchmarks/vs_trl.py                  # 20 steps each, about 10-15 minutes on 2 cores
-    python benchmarks/vs_trl.py --steps 2        # smoke run
+        # -> benchmarks/results/vs_trl/<date>-<commit>.json (benchmarks/resultfile.py)
+    python benchmarks/vs_trl.py --steps 2 --out /tmp/vs_trl_smoke.json        # smoke run
     python benchmarks/vs_trl.py --no-drop        # equal work: traingym trains every group
+        # -> benchmarks/results/vs_trl/<date>-<commit>-no_drop.json
 
 Equal on both sides: the embedded SmolLM2-135M-Instruct (same safetensors folder), the built-in
 `arith` task (same train rows; the same 128 held-out rows), identical prompt token ids (the chat
@@ -31,15 +33,15 @@ same seed drives different code), so one run of each is one draw: the reward com
 as good as its standard errors, not better.
 
 `--no-drop` gives the equal-work comparison: traingym runs GRPOAllGroups (below: GRPO with
-`drop_equal_groups = False`, picked by its 'vs_trl:GRPOAllGroups' path as algorithm.name,
-which the registry accepts), so a group whose rewards are all equal is trained with zero
-advantage as TRL trains it, and the loss is divided by all the batch's tokens, as TRL's
-"dapo" loss divides it: both sides then run forward and backward over every completion, and
-the s/step ratio does not depend on dropping. Its result goes to
-benchmarks/results/vs_trl/2026-12-04-d495110-no_drop.json unless --out says otherwise, beside today's figure in
-vs_trl.json. Zero-advantage tokens add nothing to the gradient; only the divisor grows (a
-smaller gradient before clipping and AdamW's scaling), so the update differs from the default
-run's and the held-out reward is a separate draw.
+`drop_equal_groups = False`, picked by its 'vs_trl:GRPOAllGroups' path as algorithm.name, which
+the registry accepts), so a group whose rewards are all equal is trained with zero advantage as
+TRL trains it, and the loss is divided by all the batch's tokens, as TRL's "dapo" loss divides
+it: both sides then run forward and backward over every completion, and the s/step ratio does
+not depend on dropping. Its result file's name ends in -no_drop unless --label or --out say
+otherwise (the first: benchmarks/results/vs_trl/2026-12-04-d495110-no_drop.json, beside the
+default run's 2026-12-02-af0266e.json). Zero-advantage tokens add nothing to the gradient; only
+the divisor grows (a smaller gradient before clipping and AdamW's scaling), so the update
+differs from the default run's and the held-out reward is a separate draw.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import resultfile
 
 from traingym.algorithms.grpo import GRPO
 
@@ -205,8 +209,7 @@ def main() -> None:
     p.add_argument("--skip", type=int, default=2, help="first steps left out of the median")
     p.add_argument("--no-drop", action="store_true",
                    help="equal work: traingym trains every group, none dropped (GRPOAllGroups)")
-    p.add_argument("--out", default=None, help="result file (default benchmarks/results/"
-                   "vs_trl.json; with --no-drop vs_trl_no_drop.json)")
+    resultfile.add_args(p)
     p.add_argument("--work", default=None, help="scratch folder (default runs/vs_trl-<time>)")
     p.add_argument("--worker", choices=["traingym", "trl", "eval"], help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -215,8 +218,8 @@ def main() -> None:
         fn = {"traingym": run_traingym, "trl": run_trl, "eval": run_eval}[a.worker]
         (work / f"{a.worker}.json").write_text(json.dumps(fn(a, work), indent=1))
         return
-    out = a.out or ("benchmarks/results/vs_trl/2026-12-04-d495110-no_drop.json" if a.no_drop
-                     else "benchmarks/results/vs_trl/2026-12-02-af0266e.json")
+    a.label = a.label or ("no_drop" if a.no_drop else None)
+    rec = resultfile.start("vs_trl", a)
     work.mkdir(parents=True, exist_ok=False)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": str(a.threads),
@@ -262,9 +265,7 @@ def main() -> None:
               "speed": speed, "ratio_trl_over_traingym": ratio, "process_wall_s": proc_wall,
               "loadavg_1min_before_after": load,
               "eval": ev, "per_step": results, "work_dir": str(work)}
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(report, indent=1))
-    print(f"wrote {out}")
+    rec.write(report)
 
 
 if __name__ == "__main__":
