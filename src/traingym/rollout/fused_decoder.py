@@ -3,9 +3,10 @@
 On a CPU at decode batch sizes Hugging Face's forward is dominated by per-op overhead and a slow
 bf16 attention kernel for one-token queries. This runs the same maths with fused projections (q|k|v,
 gate|up), a preallocated KV cache and decode attention as two batched matmuls with an fp32 softmax.
-Weights are views of the HF model's tensors, rebuilt by `refresh`; with oneDNN bf16 they are
-pre-packed once per refresh, since a plain bf16 `F.linear` reorders the weight on every call (same
-kernel, bitwise-identical results).
+Weights are views of the HF model's tensors, rebuilt by `refresh`; on a CPU with oneDNN they are
+pre-packed once per refresh: a plain bf16 `F.linear` reorders the weight on every call (same
+kernel, bitwise-identical results), and in fp32 oneDNN's packed kernel beats MKL's at decode
+batch sizes (a second copy of the weights; results round differently from F.linear's, ~1e-6).
 Covered: the families of models/families.py as transformers ships them (biases, tied embeddings,
 sliding windows as HF masks them, RoPE types fixed at load: default, linear, llama3, yarn).
 Not covered (`unsupported` names the reason; the engine then decodes with HF's forward): other
@@ -61,9 +62,12 @@ def supports(model) -> bool:
 
 
 def packing_pays(weight: torch.Tensor) -> bool:
-    """bf16 weights on a CPU whose oneDNN build has bf16 kernels."""
-    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
-            and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """fp32 weights on a CPU with oneDNN, or bf16 ones where its build has bf16 kernels."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.float32:
+        return True
+    return weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 class _Layer(NamedTuple):
