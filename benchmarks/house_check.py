@@ -123,9 +123,9 @@ def main() -> int:
             record["after"]["default_seconds"] = _train(ROOT / "src", run)
             results = json.loads((run / "results.json").read_text())
             record["after"]["default_eval"] = results["eval"]
-    out = rec.write(record)
-    print(json.dumps({k: record[k] for k in ("tiny_checkpoints_equal",) if k in record}),
-          f"-> {out}")
+    rec.write(record)
+    if "tiny_checkpoints_equal" in record:
+        print("tiny checkpoints equal before and after:", record["tiny_checkpoints_equal"])
     if args.default:
         d = record["after"]["default_eval"].get("delta", {})
         print({k: f"{v['delta']:+.3f} +- {v['se']:.3f}" for k, v in d.items()})
