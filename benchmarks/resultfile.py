@@ -108,11 +108,16 @@ def _threads() -> dict:
     return out
 
 
-def provenance(started: float, load_before: list[float]) -> dict:
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+def _commit() -> tuple[str, bool]:
+    """HEAD and whether tracked files differ from it (taken when a run starts: in a shared
+    checkout a later commit may land while it runs)."""
+    return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
+
+
+def provenance(started: float, load_before: list[float], commit: tuple[str, bool]) -> dict:
     return {
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "commit": git("rev-parse", "HEAD"), "dirty": bool(dirty),
+        "commit": commit[0], "dirty": commit[1],
         "started": dt.datetime.fromtimestamp(started, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "wall_s": round(time.time() - started, 2),
         "machine": _cpu(), "host": platform.node(), "python": platform.python_version(),
@@ -129,7 +134,7 @@ def new_path(benchmark: str, label: str | None = None, when: float | None = None
     if label is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", label):
         raise SystemExit(f"--label {label!r}: use letters, digits, '-', '_' and '.' only")
     date = dt.datetime.fromtimestamp(when or time.time(), dt.UTC).strftime("%Y-%m-%d")
-    stem = f"{date}-{(commit or git('rev-parse', '--short=7', 'HEAD') or 'nogit')[:7]}"
+    stem = f"{date}-{(commit or git('rev-parse', 'HEAD') or 'nogit')[:7]}"
     stem += f"-{label}" if label else ""
     folder = RESULTS / benchmark
     path, n = folder / f"{stem}.json", 2
@@ -145,6 +150,7 @@ class Recorder:
     out: str | None = None
     started: float = field(default_factory=time.time)
     load_before: list[float] = field(default_factory=_loadavg)
+    commit: tuple[str, bool] = field(default_factory=_commit)
 
     def write(self, figures: dict) -> Path:
         """Write `figures` plus `provenance` to a new file; return its path."""
@@ -156,9 +162,10 @@ class Recorder:
                 raise SystemExit(f"{path} exists: result files are never replaced; drop --out "
                                  "to get a new name")
         else:
-            path = new_path(self.benchmark, self.label, self.started)
+            path = new_path(self.benchmark, self.label, self.started, self.commit[0])
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = {**figures, "provenance": provenance(self.started, self.load_before)}
+        record = {**figures, "provenance": provenance(self.started, self.load_before,
+                                                      self.commit)}
         path.write_text(json.dumps(record, indent=2, default=str) + "\n")
         print(f"wrote {path.relative_to(ROOT) if ROOT in path.parents else path}")
         return path
