@@ -16,6 +16,11 @@ clock, caches and memory stay), and the result file says so (`isa`).
     .venv/bin/python benchmarks/default_run.py                  # -> results/default_run/
     .venv/bin/python benchmarks/default_run.py --isa avx2 --label avx2
     .venv/bin/python benchmarks/default_run.py --preset tiny --out /tmp/default_run_smoke.json
+    .venv/bin/python benchmarks/default_run.py --isa avx2 --tree /tmp/before --label avx2-before
+
+`--tree DIR` runs another checkout's code (a `git worktree` of an earlier commit: its `src` goes
+first on PYTHONPATH, with this .venv's packages; copy the built `_native*.so` into its
+`src/traingym/weights/` or the codec runs its NumPy fallback), for a before/after.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
 PHASES = ("eval", "step", "generate", "train_step", "forward", "backward", "optimizer",
           "publish", "checkpoint", "collect")
 STEP_KEYS = ("seconds_rollout", "seconds_train", "seconds_sync", "seconds_step",
-             "wait_trainer_on_rollout_s")
+             "wait_trainer_on_rollout_s", "sync_cast_s", "sync_encode_s", "sync_apply_s",
+             "sync_engine_s")
 
 
 def trace_phases(trace: Path) -> dict:
@@ -70,6 +76,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--isa", choices=("native", "avx2"), default="native")
     ap.add_argument("--preset", default=None, help="passed to `traingym train` (tiny: smoke)")
+    ap.add_argument("--tree", type=Path, default=None,
+                    help="run another checkout's src (a worktree of an earlier commit)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="passed to `traingym train --set` (recorded)")
     resultfile.add_args(ap)
@@ -78,10 +86,15 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     if args.isa == "avx2":
         env.update(AVX2)
+    if args.tree:
+        if not (args.tree / "src/traingym/cli.py").is_file():
+            sys.exit(f"default_run: --tree {args.tree} has no src/traingym/cli.py")
+        env["PYTHONPATH"] = str(args.tree.resolve() / "src")
     torch_view = probe(env)
     with tempfile.TemporaryDirectory(prefix="default_run-") as tmp:
         run_dir = Path(tmp) / "run"
-        cmd = [str(ROOT / ".venv/bin/traingym"), "train", "--run-dir", str(run_dir)]
+        cmd = [str(ROOT / ".venv/bin/python"), "-m", "traingym.cli", "train", "--run-dir",
+               str(run_dir)]
         cmd += ["--preset", args.preset] if args.preset else []
         for item in args.set:
             cmd += ["--set", item]
@@ -100,7 +113,10 @@ def main() -> None:
                for k in STEP_KEYS if any(k in e for e in events)}
     loop_s = events[-1]["elapsed_s"]
     figures = {
-        "command": " ".join(["traingym", *cmd[1:2], *cmd[4:]]), "isa": args.isa,
+        "command": " ".join(["traingym", "train", *cmd[6:]]), "isa": args.isa,
+        "tree": str(args.tree) if args.tree else None,
+        "tree_commit": resultfile.git("-C", str(args.tree), "rev-parse", "HEAD")
+        if args.tree else None,
         "isa_env": AVX2 if args.isa == "avx2" else {}, "torch": torch_view,
         "precision": {"engine_dtype": config["model"].get("engine_dtype"),
                       "bf16_autocast": config["trainer"].get("bf16_autocast")},
