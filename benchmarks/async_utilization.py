@@ -329,8 +329,8 @@ def print_table(summary: dict, args, gen: dict, runs: dict) -> None:
         print(f"  {name:10} " + " ".join(f"{n}:{v:.3f}" for n, v in curve[4::5]))
 
 
-def rescore(path: str) -> None:
-    """Print the held-out predictions of an earlier result file, recomputed from the engine
+def rescore(path: str) -> dict:
+    """Print (and return, for a result file labelled `rescore`) the held-out predictions of an earlier result file, recomputed from the engine
     batch times and the runs' train and publish times it holds, beside the measurements and
     the file's own predictions (those of files written before the held-out check fed each run
     its own train time: a consistency check, not an accuracy one)."""
@@ -341,6 +341,7 @@ def rescore(path: str) -> None:
     gen = {int(k.split("_")[0]): (v["fixed"], v["per_row"])
            for k, v in data["engine_batch_s"].items()}
     print(f"{path}: {len(a['seeds'])} seeds; medians over seeds")
+    scored = {"rescored_file": path, "summary": {}}
     print(f"{'config':10} {'idle':>6} {'samples/s':>9}  {'file: sim idle, samples/s':>27}  "
           f"{'held out: sim idle, samples/s':>31}")
     for name, rs in data["runs"].items():
@@ -357,10 +358,16 @@ def rescore(path: str) -> None:
             sps = statistics.median(h["samples_per_s"] for h in held)
             idle = statistics.median(h["trainer_idle_frac"] for h in held)
             out = f"{idle:6.1%} {sps:7.1f} ({sps / m['samples_per_s'] - 1:+.0%})"
+            scored["summary"][name] = {
+                "samples_per_s": m["samples_per_s"], "trainer_idle_frac": m["trainer_idle_frac"],
+                "heldout_simulated_samples_per_s": sps, "heldout_simulated_idle": idle,
+                "heldout_simulator_error": sps / m["samples_per_s"] - 1,
+                "file_simulator_error": m.get("simulator_error")}
         else:
             out = "n/a (one seed)"
         print(f"{name:10} {m['trainer_idle_frac']:6.1%} {m['samples_per_s']:9.1f}  {own:>27}  "
               f"{out:>31}")
+    return scored
 
 
 def main() -> None:
@@ -388,10 +395,11 @@ def main() -> None:
     if args.one:
         run_one(args.one, args)
         return
-    if args.rescore:
-        rescore(args.rescore)
-        return
     rec = resultfile.start("async_utilization", args)
+    if args.rescore:
+        rec.label = rec.label or "rescore"
+        rec.write(rescore(args.rescore))
+        return
     cores = args.cores or sorted(os.sched_getaffinity(0))[:2]
     if len(set(cores)) != 2:
         raise SystemExit(f"async_utilization: the equal-CPU comparison needs two cores; this "
