@@ -6,9 +6,8 @@ same seed, --steps steps; evaluation before and after on the default 128 held-ou
 and writes a new result file (benchmarks/resultfile.py), per algorithm: the held-out
 figures before/after/paired delta as the run's results.json holds them (sampled and greedy,
 mean and standard error), the reward per step, groups kept, DAPO's sample_rounds, wall
-seconds; `commit_at_start`, read before the first run (the checkout is shared: provenance's
-commit is read when the file is written); and `provenance` (the load average before and after,
-the command line, ...).
+seconds; and `provenance` (the commit, read before the first run; the load average before and
+after; the command line, ...).
 
     PYTHONPATH=src .venv/bin/python benchmarks/algorithms.py   # -> benchmarks/results/algorithms/
     PYTHONPATH=src .venv/bin/python benchmarks/algorithms.py --model tiny --steps 2 \\
@@ -66,14 +65,15 @@ def main() -> None:
     # Progress after every algorithm: <result>.partial, the finished runs plus provenance so far.
     partial = Path(f"{a.out or resultfile.new_path('algorithms', a.label, rec.started)}.partial")
     partial.parent.mkdir(parents=True, exist_ok=True)
-    out = {"commit_at_start": resultfile.git("rev-parse", "HEAD"), "runs": []}
+    out = {"runs": []}
     with tempfile.TemporaryDirectory(prefix="algorithms-") as tmp:
         for name in a.algorithms.split(","):
             out["runs"].append(run_one(name, a, Path(tmp)))
             r = out["runs"][-1]
             delta = r["eval"].get("delta", {}).get(r["eval"].get("target_metric", ""), {})
             print(f"{name}: held-out delta {delta} in {r['wall_s']:.0f} s", flush=True)
-            so_far = {**out, "provenance": resultfile.provenance(rec.started, rec.load_before)}
+            so_far = {**out, "provenance": resultfile.provenance(rec.started, rec.load_before,
+                                                                 rec.commit)}
             partial.write_text(json.dumps(so_far, indent=1, default=str))
     rec.write(out)
     partial.unlink(missing_ok=True)

@@ -74,6 +74,7 @@ def main() -> None:
 
     embedded_model_dir()  # weight_sync.py loads the converted model: convert it if absent
     started, load_before = time.time(), [round(x, 2) for x in os.getloadavg()]
+    commit = resultfile.head_state()
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(args.keep) if args.keep else Path(tmp) / "weight_sync.json"
         cmd = measure(args, raw)
@@ -108,7 +109,7 @@ def main() -> None:
             "wall_GBps": tp["wall"], "cpu_GBps": tp["cpu"],
             "load_during_throughput": [tp["load_before"], tp["load_after"]],
         },
-        "provenance": {**resultfile.provenance(started, load_before),
+        "provenance": {**resultfile.provenance(started, load_before, commit),
                        "measured_by": shlex.join(["python", "benchmarks/weight_sync.py",
                                                   *cmd[2:-2]]),
                        "codec_code_dirty": bool(codec_dirty),

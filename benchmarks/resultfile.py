@@ -43,7 +43,7 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_v
 def add_args(parser) -> None:
     """`--label` (a suffix of the file name) and `--out` (another path, for smoke runs)."""
     parser.add_argument("--label", default=None,
-                        help="suffix of the result file's name (letters, digits, - and _)")
+                        help="suffix of the result file's name (letters, digits, '-', '_', '.')")
     parser.add_argument("--out", default=None,
                         help="write here instead of benchmarks/results/<benchmark>/ (smoke runs)")
 
@@ -79,7 +79,8 @@ def _cpu() -> dict:
     return {"model": model, "flags": sorted(f for f in CPU_FLAGS if f in flags),
             "bf16_kernels": bf16, "torch_capability": capability,
             "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
-            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}
+            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+                                / 2**30, 1)}
 
 
 def _version(name: str) -> str | None:
@@ -108,13 +109,17 @@ def _threads() -> dict:
     return out
 
 
-def _commit() -> tuple[str, bool]:
+def head_state() -> tuple[str, bool]:
     """HEAD and whether tracked files differ from it (taken when a run starts: in a shared
     checkout a later commit may land while it runs)."""
     return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
 
 
-def provenance(started: float, load_before: list[float], commit: tuple[str, bool]) -> dict:
+def provenance(started: float, load_before: list[float],
+               commit: tuple[str, bool] | None = None) -> dict:
+    """What decides a run's figures; `commit` as `head_state()` returned when the run started
+    (default: now)."""
+    commit = commit or head_state()
     return {
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
         "commit": commit[0], "dirty": commit[1],
@@ -150,7 +155,7 @@ class Recorder:
     out: str | None = None
     started: float = field(default_factory=time.time)
     load_before: list[float] = field(default_factory=_loadavg)
-    commit: tuple[str, bool] = field(default_factory=_commit)
+    commit: tuple[str, bool] = field(default_factory=head_state)
 
     def write(self, figures: dict) -> Path:
         """Write `figures` plus `provenance` to a new file; return its path."""
@@ -166,7 +171,14 @@ class Recorder:
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {**figures, "provenance": provenance(self.started, self.load_before,
                                                       self.commit)}
-        path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+        text = json.dumps(record, indent=2, default=str) + "\n"
+        while True:
+            try:
+                with open(path, "x" if RESULTS in path.parents else "w") as f:
+                    f.write(text)
+                break
+            except FileExistsError:  # another run took the name since new_path looked
+                path = new_path(self.benchmark, self.label, self.started, self.commit[0])
         print(f"wrote {path.relative_to(ROOT) if ROOT in path.parents else path}")
         return path
 

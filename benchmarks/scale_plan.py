@@ -36,7 +36,7 @@ cores (parallel over tensors: not implemented, the measured one-core rate x 8).
 Runs in about 11 minutes on one quiet core, 33 on two shared cores at load ~5 (512 GPUs
 dominate: 65k env steps per simulated step).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/scale_plan.py   # benchmarks/results/scale_plan/2026-12-03-7832fc2.json
+    PYTHONPATH=src .venv/bin/python benchmarks/scale_plan.py   # -> benchmarks/results/scale_plan/
     PYTHONPATH=src .venv/bin/python benchmarks/scale_plan.py \
         --markdown benchmarks/results/scale_plan/2026-12-03-7832fc2.json   # its tables as markdown
 """
@@ -48,6 +48,7 @@ import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import resultfile
 from traingym.plan import planner
 from traingym.plan.simulate import SimConfig
 
@@ -225,7 +226,7 @@ def main() -> None:
     p.add_argument("--gpus", type=int, nargs="*", default=[8, 64, 512])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--no-sensitivity", action="store_true")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results/scale_plan/2026-12-03-7832fc2.json"))
+    resultfile.add_args(p)
     p.add_argument("--markdown", metavar="JSON", help="print a results file's tables as markdown")
     p.add_argument("--codec-figures", metavar="JSON", help="the delta codec's figures "
                    "(default: traingym's own, src/traingym/plan/figures/codec.json)")
@@ -233,6 +234,7 @@ def main() -> None:
     if args.markdown:
         markdown(args.markdown)
         return
+    rec = resultfile.start("scale_plan", args)
     if args.codec_figures:
         global CODEC, MEASURED
         CODEC = planner.codec_figures(args.codec_figures)
@@ -257,15 +259,14 @@ def main() -> None:
             sens += these
             print_table(these)
         print(flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
+    rec.write({
         "args": vars(args), "workload": {"prompt_tokens": PROMPT_TOKENS,
                                          "completion_tokens": COMPLETION_TOKENS,
                                          "group_size": GROUP, "prompts_per_gpu": 8},
         "assumptions": {k: {"value": v, "source": s} for k, (v, s) in ASSUMPTIONS.items()},
         "measured_here": {k: {"value": v, "source": s} for k, (v, s) in MEASURED.items()},
         "base_config_64": asdict(rows(64, 512, args.steps)[0][1]),
-        "results": results, "sensitivity": sens}, indent=1))
+        "results": results, "sensitivity": sens})
 
 
 if __name__ == "__main__":

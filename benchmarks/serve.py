@@ -23,15 +23,12 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import resultfile
+from serving import serving
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -88,24 +85,9 @@ def main() -> int:
                    help="passed to `traingym serve --set`, e.g. model.engine_dtype=float32")
     a = p.parse_args()
     rec = resultfile.start("serve", a)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    log = tempfile.NamedTemporaryFile("w", prefix="serve_bench_", suffix=".log", delete=False)
     sets = [x for kv in a.overrides for x in ("--set", kv)]
-    server = subprocess.Popen([sys.executable, "-m", "traingym.cli", "serve", a.model, "--port",
-                               str(port), *sets], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                model = httpx.get(url + "/v1/models", timeout=5).json()["data"][0]["id"]
-                break
-            except (httpx.TransportError, ValueError):
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"the server did not start; see {log.name}")
-                time.sleep(1)
+    with serving(a.model, sets, prefix="serve_bench_") as server:
+        url, model = server.url, server.model
         reqs = requests(a.requests, model)
         asyncio.run(run(url, reqs[:2], 1))  # warm-up: first calls pay one-off costs
         stats_start = httpx.get(url + "/health").json()["batching"]
@@ -113,9 +95,7 @@ def main() -> int:
         stats_before = httpx.get(url + "/health").json()["batching"]
         many, answers_many = asyncio.run(run(url, reqs, a.clients))
         stats_after = httpx.get(url + "/health").json()["batching"]
-    finally:
-        server.send_signal(signal.SIGTERM)
-        code = server.wait(120)
+    code = server.exit_code
     mode = stats_after.get("mode", "dynamic")
     if mode == "continuous":  # built-in engine: decode steps for all live rows
         batching = {"concurrent_decode_steps": stats_after["steps"] - stats_before["steps"],

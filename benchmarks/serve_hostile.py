@@ -8,10 +8,11 @@ unknown model, huge max_tokens and n, prompts of ~900 KB (under the 1 MiB body l
 deep, and 3 MB bodies sent in full (with Content-Length and chunked). After each round it reads
 the server's VmRSS and VmHWM (peak) from /proc. Per round: RSS, growth, statuses seen, and
 transport errors (a reset or broken pipe where a 413 was due counts here). Writes one JSON
-dict to --out. PYTHONPATH=OTHER/src measures another checkout's server.
+result file (benchmarks/results/serve_hostile/). PYTHONPATH=OTHER/src measures another
+checkout's server (label it: --label before).
 
     .venv/bin/python benchmarks/serve_hostile.py [--model tiny] [--rounds 3]
-        [--env MALLOC_ARENA_MAX=2] [--out /tmp/serve_hostile.json]
+        [--env MALLOC_ARENA_MAX=2] [--label L | --out /tmp/serve_hostile.json]
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ import collections
 import itertools
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import time
+
+import resultfile
+from serving import serving
 
 C, P = "/v1/chat/completions", "/v1/completions"
 BIG = 3_000_000  # bytes: a body well over the default 1 MiB limit
@@ -134,33 +135,18 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="set in the server's environment, e.g. MALLOC_ARENA_MAX=2")
-    p.add_argument("--out", default="/tmp/serve_hostile.json")
+    resultfile.add_args(p)
     a = p.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    log = tempfile.NamedTemporaryFile("w", prefix="serve_hostile_", suffix=".log", delete=False)
+    rec = resultfile.start("serve_hostile", a)
     env = {**os.environ, "OMP_NUM_THREADS": "1", **dict(kv.split("=", 1) for kv in a.env)}
-    server = subprocess.Popen([sys.executable, "-m", "traingym.cli", "serve", a.model,
-                               "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                              env=env)
     rounds, mismatches = [], []
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                model = httpx.get(url + "/v1/models", timeout=5).json()["data"][0]["id"]
-                break
-            except (httpx.TransportError, ValueError):
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"the server did not start; see {log.name}")
-                time.sleep(1)
+    with serving(a.model, env=env, prefix="serve_hostile_") as server:
+        url, port, model = server.url, server.port, server.model
         good = {"model": model, "max_tokens": 4, "messages": [{"role": "user",
                                                               "content": "What is 1 + 2?"}]}
         with httpx.Client(timeout=120) as client:
             client.post(url + C, json=good).raise_for_status()
-            start = vm(server.pid)
+            start = vm(server.proc.pid)
             reqs = hostile(model)
             for k in range(a.rounds):
                 t0, seen = time.perf_counter(), collections.Counter()
@@ -173,13 +159,11 @@ def main() -> int:
                 ok = client.post(url + C, json=good).status_code == 200
                 rounds.append({"round": k + 1, "requests": len(reqs),
                                "seconds": round(time.perf_counter() - t0, 2),
-                               "rss_mb": round(vm(server.pid)["VmRSS"], 1),
-                               "peak_rss_mb": round(vm(server.pid)["VmHWM"], 1),
+                               "rss_mb": round(vm(server.proc.pid)["VmRSS"], 1),
+                               "peak_rss_mb": round(vm(server.proc.pid)["VmHWM"], 1),
                                "statuses": dict(seen), "good_request_after_ok": ok})
                 print(json.dumps(rounds[-1]), file=sys.stderr, flush=True)
-    finally:
-        server.send_signal(signal.SIGTERM)
-        code = server.wait(120)
+    code = server.exit_code
     rss = [start["VmRSS"]] + [r["rss_mb"] for r in rounds]
     result = {
         "model": a.model, "server_env": a.env, "rounds": a.rounds,
@@ -190,11 +174,9 @@ def main() -> int:
         "unexpected_answers": mismatches,
         "transport_errors": sum(n for r in rounds for s, n in r["statuses"].items()
                                 if not s.isdigit()),
-        "server_exit_code": code, "server_log": log.name,
-        "loadavg": os.getloadavg(), "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "server_exit_code": code, "server_log": server.log,
     }
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=1)
+    rec.write(result)
     print(json.dumps({k: result[k] for k in ("growth_per_round_mb", "transport_errors",
                                              "unexpected_answers")}, indent=1))
     return 0

@@ -34,7 +34,7 @@ def missing(reason: str, ci_must_run: bool = True) -> NoReturn:
     `ci_must_run`."""
     if ci_must_run and in_ci():
         pytest.fail(f"CI must run this test, but {reason}", pytrace=False)
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)
 
 
 def require(module: str, reason: str):

@@ -10,7 +10,7 @@ from pathlib import Path
 from traingym.config.load import as_config, run_config
 from traingym.config.schema import Config
 from traingym.core import trace
-from traingym.envs.evaluate import Score
+from traingym.envs.evaluate import Score, z_text
 from traingym.loop.async_loop import async_train_loop
 from traingym.loop.build import Run, build_run, eval_report
 from traingym.loop.sft import sft_phase
@@ -105,8 +105,7 @@ def _train_run(cfg: Config, run_dir: Path, run: Run, start: int) -> TrainResult:
     if report.get("delta"):
         d = report["delta"]
         show("change (paired over prompts): " + "  ".join(
-            f"{k} {v['delta']:+.3f} ± {v['se']:.3f}"
-            + (f" ({v['z']:.1f} SE)" if v["z"] is not None else "") for k, v in d.items()))
+            f"{k} {v['delta']:+.3f} ± {v['se']:.3f}{z_text(v)}" for k, v in d.items()))
     usage = utilisation.summary(run_dir) if cfg.observability.trace else {}
     if usage:
         show(utilisation.line(usage))

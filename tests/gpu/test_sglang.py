@@ -1,5 +1,6 @@
 """The SGLang engine on a GPU: a real SGLang server started by the engine, serving the embedded
-SmolLM2-135M in bf16 ($TRAINGYM_GPU_MODEL: 'embedded' by default, 'tiny' or a model folder). Skipped without a CUDA device (tests/gpu/conftest.py) or without sglang in
+SmolLM2-135M in bf16 ($TRAINGYM_GPU_MODEL: 'embedded' by default, 'tiny' or a model folder).
+Skipped without a CUDA device (tests/gpu/conftest.py) or without sglang in
 $TRAINGYM_SGLANG_PYTHON (default: this interpreter); scripts/gpu_check.sh runs it.
 
 Checked: generation with log-probs against a Hugging Face forward of the same tokens in bf16 on
@@ -8,7 +9,7 @@ stop tokens; a full then a delta update through weights/colocated.ColocatedSync,
 changing the greedy outputs and changing them back; a 2-step sync training run with
 rollout.engine="sglang". Measured figures (log-prob differences, each update's write/load
 seconds, the run's per-step engine update seconds) go to $TRAINGYM_GPU_RESULTS/gpu_sglang.json
-(default benchmarks/results/).
+(default: a new file in benchmarks/results/gpu_sglang/).
 """
 
 from __future__ import annotations
@@ -59,10 +60,14 @@ def setup():
     rows = builtin_task("arith").heldout[:8]
     prompts = [PromptRenderer(tok, prefill="The answer is").ids(r) for r in rows]
     yield cfg, model.eval(), tok, prompts
-    out = Path(os.environ.get("TRAINGYM_GPU_RESULTS") or ROOT / "benchmarks" / "results")
-    out.mkdir(parents=True, exist_ok=True)
     RESULTS.update(device=torch.cuda.get_device_name(0), model=MODEL)
-    (out / "gpu_sglang.json").write_text(json.dumps(RESULTS, indent=1))
+    # a new result file per run (benchmarks/resultfile.py), or TRAINGYM_GPU_RESULTS/FILE.json
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import resultfile
+
+    out = os.environ.get("TRAINGYM_GPU_RESULTS")
+    resultfile.Recorder("gpu_sglang", out=str(Path(out) / "gpu_sglang.json") if out else None
+                        ).write(RESULTS)
 
 
 @pytest.fixture(scope="module")
