@@ -63,12 +63,15 @@ def main() -> int:
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
         t0 = time.monotonic()
         p = subprocess.run(["bash", ".ci/run"], cwd=clone, stdin=subprocess.DEVNULL,
-                           env={**os.environ, "CI": "true", "PYTEST_ADDOPTS": "-rA"},
+                           env={**{k: v for k, v in os.environ.items()
+                                   if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+                                "CI": "true", "PYTEST_ADDOPTS": "-rA"},
                            capture_output=True, text=True, check=False)
         wall = time.monotonic() - t0
         log = p.stdout + p.stderr
     result = {
-        "uncommitted_changes_not_included": bool(git("status", "--porcelain")),
+        "uncommitted_changes_not_included": bool(git("status", "--porcelain",
+                                                     "--untracked-files=no")),
         "pip_cache_mb": (sum(f.stat().st_size for f in pip_cache.rglob("*") if f.is_file())
                          / 1e6 if pip_cache.is_dir() else 0.0),
         "exit_code": p.returncode,

@@ -82,10 +82,10 @@ def main() -> None:
                     help="passed to `traingym train --set` (recorded)")
     resultfile.add_args(ap)
     args = ap.parse_args()
+    if args.isa == "avx2":  # here too, so that provenance's probe of torch sees the restriction
+        os.environ.update(AVX2)
     rec = resultfile.start("default_run", args)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    if args.isa == "avx2":
-        env.update(AVX2)
     if args.tree:
         if not (args.tree / "src/traingym/cli.py").is_file():
             sys.exit(f"default_run: --tree {args.tree} has no src/traingym/cli.py")
@@ -115,7 +115,7 @@ def main() -> None:
     figures = {
         "command": " ".join(["traingym", "train", *cmd[6:]]), "isa": args.isa,
         "tree": str(args.tree) if args.tree else None,
-        "tree_commit": resultfile.git("-C", str(args.tree), "rev-parse", "HEAD")
+        "tree_commit": resultfile.git("-C", str(args.tree.resolve()), "rev-parse", "HEAD")
         if args.tree else None,
         "isa_env": AVX2 if args.isa == "avx2" else {}, "torch": torch_view,
         "precision": {"engine_dtype": config["model"].get("engine_dtype"),

@@ -124,6 +124,39 @@ def test_packed_bf16_weights_give_bitwise_identical_logits(setup, monkeypatch):
     assert torch.equal(da, db)
 
 
+@pytest.mark.skipif(not packing_pays(torch.zeros(1)),
+                    reason="no oneDNN on this CPU, so fp32 weights are not packed")
+def test_packed_fp32_weights_match_plain_linear_to_rounding(setup, monkeypatch):
+    """fp32 packing runs oneDNN's kernel instead of MKL's: another summation order, so equal
+    to ~1e-6, not bitwise; the packed weights are copies, rebuilt by refresh."""
+    tok, model, prompts = setup
+    fp32 = copy.deepcopy(model).float()
+    packed = FusedDecoder(fp32)
+    monkeypatch.setattr(fused_decoder, "packing_pays", lambda w: False)
+    plain = FusedDecoder(fp32)
+    assert packed.packed and not plain.packed
+    ids, mask = left_pad(list(prompts), tok.pad_token_id, torch.device("cpu"))
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    la, cache_a = packed.prefill(ids, mask, pos, ids.shape[1] + 2)
+    lb, cache_b = plain.prefill(ids, mask, pos, ids.shape[1] + 2)
+    torch.testing.assert_close(la, lb, atol=1e-5, rtol=1e-5)
+    tok_B = la.argmax(-1)
+    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+    da = packed.decode(tok_B, pos[:, -1] + 1, cache_a, ids.shape[1], mask)
+    db = plain.decode(tok_B, pos[:, -1] + 1, cache_b, ids.shape[1], mask)
+    torch.testing.assert_close(da, db, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # the packed copies follow a weight change through refresh
+        for p in fp32.parameters():
+            p.mul_(1.5)
+    packed.refresh()
+    plain.refresh()
+    fresh = packed.decode(tok_B, pos[:, -1] + 1, cache_a, ids.shape[1], mask)
+    assert not torch.allclose(fresh, da, atol=1e-3)
+    torch.testing.assert_close(
+        fresh, plain.decode(tok_B, pos[:, -1] + 1, cache_b, ids.shape[1], mask),
+        atol=1e-5, rtol=1e-5)
+
+
 def test_draw_samples_the_softmax_and_never_a_cut_token():
     logits = torch.tensor([[2.0, 1.0, float("-inf"), 0.0, -1.0, float("-inf")]])
     gens = [torch.Generator().manual_seed(7)]
