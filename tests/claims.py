@@ -16,7 +16,8 @@ must equal the source's value at the printed precision: `+0.572` matches 0.5724 
 value; `21-37x` is the figure 37 (a `-` after a digit is a range, not a sign).
 
 Also here: `bare_figures`, lines that quote a measured-looking figure (a ratio like `1.8x` or a
-`±` error) outside code blocks without a source.
+`±` error) outside code blocks without a source after it (a target, `target 2x` or `>= 2x`,
+is a goal, not a figure).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from urllib.parse import unquote
 COMMENT = re.compile(r"<!--\s*src:\s*(.*?)\s*-->")
 NUMBER = re.compile(r"(?<![\d.,\w])([-+\u2212]?)(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:[eE]([-+]?\d+))?")
 RATIO_OR_ERROR = re.compile(r"(?<![\w.])\d+(?:\.\d+)?x\b|±")
+# a goal, not a measurement: "target 1.5x", ">= 2x", "the 2x target"
+TARGET = re.compile(r"target\s+\S*\d+(?:\.\d+)?x\b|[<>]=\s*\d+(?:\.\d+)?x\b|[≤≥]\s*\d|"
+                    r"\d+(?:\.\d+)?x\s+target")
 
 
 @dataclass
@@ -139,15 +143,25 @@ def problems(path: Path, root: Path, cache: dict | None = None) -> list[str]:
 
 
 def bare_figures(path: Path) -> list[str]:
-    """Lines outside code blocks quoting a ratio (`1.8x`) or an error (`±`) with no source."""
+    """Ratios (`1.8x`) and errors (`±`) outside code with no source comment after them on their
+    line before the next such figure, and source comments that do not close on their line."""
     found, fenced = [], False
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if line.lstrip().startswith("```"):
             fenced = not fenced
             continue
-        if fenced or line.startswith("    "):
+        if fenced or (line.startswith("    ") and not line.lstrip().startswith(("-", "*"))):
             continue
-        text = re.sub(r"`[^`]*`", "", COMMENT.sub("", line))
-        if RATIO_OR_ERROR.search(text) and not COMMENT.search(line):
-            found.append(f"{path.name}:{n}: {line.strip()[:100]}")
+        if "<!-- src:" in line and line.count("<!-- src:") != len(COMMENT.findall(line)):
+            found.append(f"{path.name}:{n}: a source comment that does not close on its line")
+            continue
+        text = re.sub(r"`[^`]*`", lambda m: " " * len(m.group()), line)
+        text = COMMENT.sub(lambda m: "\0" * len(m.group()), text)  # comments: kept as markers
+        figures = [m.start() for m in RATIO_OR_ERROR.finditer(text)
+                   if not TARGET.search(text[max(0, m.start() - 12):m.end() + 8])]
+        for i, at in enumerate(figures):
+            end = figures[i + 1] if i + 1 < len(figures) else len(text)
+            if "\0" not in text[at:end]:
+                found.append(f"{path.name}:{n}: {line.strip()[:100]}")
+                break
     return found

@@ -95,5 +95,11 @@ def test_the_checker_fails_on_this_repo_when_a_quoted_figure_changes(tmp_path):
 def test_bare_figures_are_found_outside_code_only(tmp_path):
     doc = tmp_path / "d.md"
     doc.write_text("speed 1.8x here\n```\nrun 2x\n```\n    indented 3x\n`4x` in code\n"
-                   f"sourced 1.8x<!-- src: {F}#/a -->\n")
-    assert bare_figures(doc) == ["d.md:1: speed 1.8x here"]
+                   f"sourced 1.8x<!-- src: {F}#/a -->\n"
+                   f"0.5 ± 0.1<!-- src: {F}#/b --> and 2.0x<!-- src: {F}#/c -->\n"
+                   f"first 1.5x then 2.5x<!-- src: {F}#/d -->\n"
+                   f"open 1.5x<!-- src: {F}#/e\n"
+                   f"3.1x<!-- src: {F}#/f --> against the 2x target (>= 1.5x, target 4x)\n")
+    assert bare_figures(doc) == [
+        "d.md:1: speed 1.8x here", f"d.md:9: first 1.5x then 2.5x<!-- src: {F}#/d -->",
+        "d.md:10: a source comment that does not close on its line"]
