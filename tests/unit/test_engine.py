@@ -103,24 +103,34 @@ def test_fused_path_matches_hf_path(setup):
             assert torch.allclose(torch.tensor(ca.logprobs), torch.tensor(cb.logprobs), atol=1e-4)
 
 
+def _packed_and_plain(model, monkeypatch) -> tuple[FusedDecoder, FusedDecoder]:
+    packed = FusedDecoder(model)
+    with monkeypatch.context() as m:
+        m.setattr(fused_decoder, "packing_pays", lambda w: False)
+        plain = FusedDecoder(model)
+    assert packed.packed and not plain.packed
+    return packed, plain
+
+
+def _prefill_then_decode(decoders, tok, prompts):
+    """Each decoder's prompt logits, then its logits for one more token (the first decoder's
+    greedy pick, for all)."""
+    ids, mask = left_pad(list(prompts), tok.pad_token_id, torch.device("cpu"))
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    firsts = [d.prefill(ids, mask, pos, ids.shape[1] + 2) for d in decoders]
+    tok_B = firsts[0][0].argmax(-1)
+    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+    return [(logits, d.decode(tok_B, pos[:, -1] + 1, cache, ids.shape[1], mask))
+            for d, (logits, cache) in zip(decoders, firsts)]
+
+
 @pytest.mark.skipif(not packing_pays(torch.zeros(1, dtype=torch.bfloat16)),
                     reason="this CPU's oneDNN build has no bf16 kernels, so weights are not packed")
 def test_packed_bf16_weights_give_bitwise_identical_logits(setup, monkeypatch):
     tok, model, prompts = setup
-    bf16 = copy.deepcopy(model).to(torch.bfloat16)
-    packed = FusedDecoder(bf16)
-    monkeypatch.setattr(fused_decoder, "packing_pays", lambda w: False)
-    plain = FusedDecoder(bf16)
-    assert packed.packed and not plain.packed
-    ids, mask = left_pad(list(prompts), tok.pad_token_id, torch.device("cpu"))
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    la, cache_a = packed.prefill(ids, mask, pos, ids.shape[1] + 2)
-    lb, cache_b = plain.prefill(ids, mask, pos, ids.shape[1] + 2)
+    decoders = _packed_and_plain(copy.deepcopy(model).to(torch.bfloat16), monkeypatch)
+    (la, da), (lb, db) = _prefill_then_decode(decoders, tok, prompts)
     assert torch.equal(la, lb)
-    tok_B = la.argmax(-1)
-    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-    da = packed.decode(tok_B, pos[:, -1] + 1, cache_a, ids.shape[1], mask)
-    db = plain.decode(tok_B, pos[:, -1] + 1, cache_b, ids.shape[1], mask)
     assert torch.equal(da, db)
 
 
@@ -131,30 +141,19 @@ def test_packed_fp32_weights_match_plain_linear_to_rounding(setup, monkeypatch):
     to ~1e-6, not bitwise; the packed weights are copies, rebuilt by refresh."""
     tok, model, prompts = setup
     fp32 = copy.deepcopy(model).float()
-    packed = FusedDecoder(fp32)
-    monkeypatch.setattr(fused_decoder, "packing_pays", lambda w: False)
-    plain = FusedDecoder(fp32)
-    assert packed.packed and not plain.packed
-    ids, mask = left_pad(list(prompts), tok.pad_token_id, torch.device("cpu"))
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    la, cache_a = packed.prefill(ids, mask, pos, ids.shape[1] + 2)
-    lb, cache_b = plain.prefill(ids, mask, pos, ids.shape[1] + 2)
+    decoders = _packed_and_plain(fp32, monkeypatch)
+    (la, da), (lb, db) = _prefill_then_decode(decoders, tok, prompts)
     torch.testing.assert_close(la, lb, atol=1e-5, rtol=1e-5)
-    tok_B = la.argmax(-1)
-    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-    da = packed.decode(tok_B, pos[:, -1] + 1, cache_a, ids.shape[1], mask)
-    db = plain.decode(tok_B, pos[:, -1] + 1, cache_b, ids.shape[1], mask)
     torch.testing.assert_close(da, db, atol=1e-5, rtol=1e-5)
     with torch.no_grad():  # the packed copies follow a weight change through refresh
         for p in fp32.parameters():
             p.mul_(1.5)
-    packed.refresh()
-    plain.refresh()
-    fresh = packed.decode(tok_B, pos[:, -1] + 1, cache_a, ids.shape[1], mask)
-    assert not torch.allclose(fresh, da, atol=1e-3)
-    torch.testing.assert_close(
-        fresh, plain.decode(tok_B, pos[:, -1] + 1, cache_b, ids.shape[1], mask),
-        atol=1e-5, rtol=1e-5)
+    for d in decoders:
+        d.refresh()
+    (la2, da2), (lb2, db2) = _prefill_then_decode(decoders, tok, prompts)
+    assert not torch.allclose(la2, la, atol=1e-3)
+    torch.testing.assert_close(la2, lb2, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(da2, db2, atol=1e-5, rtol=1e-5)
 
 
 def test_draw_samples_the_softmax_and_never_a_cut_token():
