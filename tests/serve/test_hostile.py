@@ -101,3 +101,5 @@ def test_memory_flat_over_rounds_of_refused_requests(server):
     assert max(rss[1:]) - rss[1] <= 20, f"server RSS per round (MB): {rss}"
     assert all("--max-prompt-tokens" in e["message"] for e in errors
                if e["code"] == "max_prompt_tokens")
+    # the ~900 KB texts are refused on their length, before any tokenizing
+    assert any("characters" in e["message"] for e in errors if e["code"] == "max_prompt_tokens")
