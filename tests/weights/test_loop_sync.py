@@ -204,15 +204,16 @@ def test_resumed_run_starts_with_an_anchor(tmp_path):
 def test_trainer_and_engine_do_not_share_weights(tmp_path, engine_dtype):
     """The engine never serves the trainer's tensors (an optimizer step must not change
     what it generates with); the subscriber applies into the engine's own tensors (no
-    verified copy beside them), and the inproc chain keeps no frames once it holds the
-    version: the sync's only copy of the model is the publisher's shadow."""
+    verified copy beside them), the publisher's shadow is those same tensors
+    (Publisher.share_shadow), and the inproc chain keeps no frames once it holds the
+    version: the sync keeps no copy of the model."""
     w = Watched(_cfg(engine_dtype=engine_dtype), tmp_path / "run")
     trainer = {t.untyped_storage().data_ptr() for t in w.run.trainer.export().values()}
     engine = {t.untyped_storage().data_ptr() for t in w.run.engine.model.state_dict().values()}
     sub = {t.untyped_storage().data_ptr() for t in w.run.weights.subscriber.state.values()}
     shadow = {t.untyped_storage().data_ptr() for t in w.run.weights.publisher._shadow.values()}
     assert w.run.weights.in_place and sub <= engine
-    assert not trainer & engine and not trainer & sub and not shadow & (engine | trainer)
+    assert not trainer & engine and not trainer & sub and shadow <= engine
     assert w.run.weights.sender.hub.chain._frames == []
     before = w.engine_hash()
     with torch.no_grad():  # the trainer's masters move; the engine's weights do not
@@ -220,6 +221,27 @@ def test_trainer_and_engine_do_not_share_weights(tmp_path, engine_dtype):
             t.add_(1.0)
     assert w.engine_hash() == before
     w.run.close()
+
+
+@pytest.mark.parametrize("engine_dtype", ["float32", "bfloat16"])
+def test_shared_shadow_full_hashes_equal_the_engines(tmp_path, monkeypatch, engine_dtype):
+    """With the shadow shared with the engine (in place), every delta's full hash is the
+    trainer's state cast, one tensor at a time; the subscriber checks each against its own
+    whole state, so a wrong one would count as corrupt and resync."""
+    import traingym.weights.colocated as colocated
+
+    real = colocated.PublisherConfig
+    monkeypatch.setattr(colocated, "PublisherConfig", lambda *a, **k: dataclasses.replace(
+        real(*a, **k), full_hash_every=1))
+    w = Watched(_cfg(engine_dtype=engine_dtype), tmp_path / "run")
+    assert w.run.weights.publisher.cfg.full_hash_every == 1
+    w.train()
+    w.check()
+    assert w.run.weights.publisher._shared
+    events = _check_events(tmp_path / "run", 0, 3)
+    assert [e["sync_corrupt"] for e in events] == [0, 0, 0]
+    assert [e["sync_codec"] for e in events] == ["delta"] * 3
+    assert [e["sync_resyncs"] for e in events] == [0, 0, 0]
 
 
 def test_an_engine_holding_the_trainers_tensors_gets_its_own_copy(tmp_path):

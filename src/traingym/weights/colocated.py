@@ -7,8 +7,9 @@ model), sends, and returns only once the subscriber holds `version` verified (re
 fault). Where the engine offers its own matching tensors (`writable_state`) the subscriber
 applies into them in place; the engine does not generate between apply and check. The engine's
 tensors are never the trainer's, so an optimizer step cannot change what it serves.
-Memory beside the engine: the publisher's shadow, the subscriber's copy unless in place, and the
-transport's chain (none for inproc once caught up). Transports: any registry.py entry.
+Memory beside the engine: the subscriber's copy unless in place (in place, the publisher's
+shadow is the engine's tensors too: Publisher.share_shadow) and the transport's chain (none for
+inproc once caught up). Transports: any registry.py entry.
 Not covered: the dist transport (needs a process group), engines in other processes (async mode,
 cluster/local.py and cluster/engine_process.py).
 """
@@ -89,6 +90,8 @@ class ColocatedSync:
         t3 = time.perf_counter()
         with trace.span("apply", cat="weights", version=version):
             self.engine.update_weights(verified, version)
+        if self.in_place and self.publisher._shadow is not verified:
+            self.publisher.share_shadow(verified)  # no copy of the model beside the engine's
         forget = getattr(self.sender, "forget_chain", None)
         if forget is not None:  # the one receiver holds the version: keep no frames for it
             forget(self.publisher.reanchor)

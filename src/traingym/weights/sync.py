@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
 
@@ -142,6 +143,10 @@ class Publisher:
         self.version: int | None = None
         self.hash: str | None = None  # the chain's name for the last version (not always xxh3)
         self._shadow: State | None = None
+        # share_shadow: the shadow is a same-process subscriber's state, which its apply (not
+        # the publisher) moves to each target; reanchors cast the last published state instead
+        self._shared = False
+        self._published: tuple[State, torch.dtype | None] | None = None
         self._since_anchor = 0
         self._anchor_hash = ""
         self._sum = lthash.zero()  # the additive hash's movement since the anchor
@@ -201,7 +206,11 @@ class Publisher:
             phases = dict(changes.times)
             target_hash = lthash.identity(self._anchor_hash, self._sum)
             every = self.cfg.full_hash_every
-            if every and self._deltas % every == 0:
+            if every and self._deltas % every == 0 and self._shared:
+                t_hash = time.perf_counter()
+                full_hash = state_hash(_Cast(state, cast))  # one tensor cast at a time
+                phases["full_hash"] = time.perf_counter() - t_hash
+            elif every and self._deltas % every == 0:
                 self._update_shadow(changes, phases)
                 full_hash = state_hash(self._shadow)  # the shadow is the target now
         anchor = payload.is_anchor
@@ -220,22 +229,39 @@ class Publisher:
             with trace.span("transfer", cat="weights", bytes=payload.nbytes, version=version):
                 self.sender.send(payload)
         except BaseException:
-            self._shadow = None  # it may hold an unsent version: the next update is an anchor
+            # it may hold an unsent version: the next update is an anchor
+            self._shadow, self._shared = None, False
             raise
         send_s = time.perf_counter() - t1
-        if not anchor and "shadow" not in phases:
+        if not anchor and "shadow" not in phases and not self._shared:
             self._update_shadow(changes, phases)  # after the send: beside the receiver's apply
         if payload.nbytes > 1 << 20:
             self._link_s_per_byte = send_s / payload.nbytes
-        if anchor:
+        if anchor and wire is not self._shadow:
+            self._shared = False
             self._shadow = wire if cast is not None else {
                 k: v.detach().clone() for k, v in wire.items()}
+        if anchor:
             self._since_anchor, self._deltas = 0, 0
             self._anchor_hash, self._sum = target_hash, lthash.zero()
         self.version, self.hash = version, target_hash
+        self._published = (state, cast)
         changed = changes.n_changed if not anchor else -1
         return PublishStats(version, header.codec, payload.nbytes, full_bytes, changed,
                             encode_s, send_s, reason, phases)
+
+    def share_shadow(self, state: State) -> None:
+        """From now on the shadow is `state`: a same-process subscriber's verified tensors (the
+        engine's own), which hold the last published version and which that subscriber's apply
+        moves to each new target. The publisher then keeps no copy of the model: it never
+        writes them (a delta's full hash and a reanchor cast the trainer's state, one tensor at
+        a time, instead), and until the next publish the trainer's state must not change. An
+        anchor of a new structure makes a copy again; call this again after it."""
+        if self._shadow is None or set(state) != set(self._shadow) or any(
+                state[k].dtype != v.dtype or state[k].shape != v.shape
+                for k, v in self._shadow.items()):
+            raise ValueError("share_shadow: the state does not have the published structure")
+        self._shadow, self._shared = state, True
 
     def _update_shadow(self, changes, phases: dict) -> None:
         """The shadow becomes the delta's target: its changed elements written, O(changes)."""
@@ -260,8 +286,12 @@ class Publisher:
         send: the next publish sends an anchor). Not thread-safe against `publish`."""
         if self._shadow is None:
             return None
-        payload = self.full.encode(None, self._shadow)
-        target_hash = state_hash(self._shadow)
+        source = self._shadow
+        if self._shared:  # the receiver's state may be what failed: not a source
+            state, cast = self._published
+            source = {k: v.detach().to(cast or v.dtype) for k, v in state.items()}
+        payload = self.full.encode(None, source)
+        target_hash = state_hash(source)
         header = dataclasses.replace(payload.header, codec=self._full_name,
                                      target_version=self.version, target_hash=target_hash)
         self._since_anchor, self._deltas = 0, 0
@@ -271,7 +301,11 @@ class Publisher:
 
     def full_hash(self) -> str | None:
         """The xxh3 state hash of the last published version (a pass over the state)."""
-        return None if self._shadow is None else state_hash(self._shadow)
+        if self._shadow is None:
+            return None
+        if self._shared:
+            return state_hash(_Cast(*self._published))
+        return state_hash(self._shadow)
 
     def _full_predicted_faster(self, full_bytes: int) -> bool:
         if self._link_s_per_byte is None or self._delta_s is None:
@@ -282,6 +316,23 @@ class Publisher:
         t_delta = 2 * self._delta_s + delta_guess * self._link_s_per_byte
         t_full = 2 * (self._full_s or 0.0) + full_bytes * self._link_s_per_byte
         return t_full < t_delta
+
+
+class _Cast(Mapping):
+    """`state` read as cast to `dtype`, one tensor at a time (None: as it is)."""
+
+    def __init__(self, state: State, dtype: torch.dtype | None) -> None:
+        self.state, self.dtype = state, dtype
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        t = self.state[name].detach()
+        return t.to(self.dtype) if self.dtype is not None else t
+
+    def __iter__(self):
+        return iter(self.state)
+
+    def __len__(self) -> int:
+        return len(self.state)
 
 
 def decode(state: State | None, payload: Payload, threads: int,
