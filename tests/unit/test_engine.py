@@ -103,6 +103,22 @@ def test_fused_path_matches_hf_path(setup):
             assert torch.allclose(torch.tensor(ca.logprobs), torch.tensor(cb.logprobs), atol=1e-4)
 
 
+def test_released_fused_weights_are_rebuilt_with_the_same_samples(setup):
+    """release_derived drops the fused decoder's copies (the colocated loop does, while the
+    trainer runs); the next generate rebuilds them, and samples are bitwise the same."""
+    tok, model, prompts = setup
+    engine = TorchEngine(model, tok.pad_token_id, fused=True)
+    params = SamplingParams(temperature=0.8, max_new_tokens=6)
+    reqs = [GenerationRequest(p, 2, params, seed=i) for i, p in enumerate(prompts)]
+    before = engine.generate_sync(reqs)
+    engine.release_derived()
+    assert engine.fused.layers is None and engine.fused.lm_head is None
+    after = engine.generate_sync(reqs)
+    assert engine.fused.layers is not None
+    assert [[(c.token_ids, c.logprobs) for c in g] for g in before] == \
+        [[(c.token_ids, c.logprobs) for c in g] for g in after]
+
+
 def _packed_and_plain(model, monkeypatch) -> tuple[FusedDecoder, FusedDecoder]:
     packed = FusedDecoder(model)
     with monkeypatch.context() as m:

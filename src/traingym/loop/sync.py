@@ -21,7 +21,11 @@ def train_loop(run, start_step: int) -> dict:
             # a refill round (dynamic sampling) draws new prompts under its own seed
             seed = stream_seed(cfg.seed, step, *([len(rounds)] if rounds else []))
             rounds.append(n)
-            return run.rollouts.collect(run.data.take(n), seed=seed), {}
+            groups = run.rollouts.collect(run.data.take(n), seed=seed)
+            release = getattr(run.engine, "release_derived", None)
+            if release is not None:  # idle until the publish: its rebuildable copies go
+                release()
+            return groups, {}
 
         def publish(state, version):
             run.weights.publish(state, version=version)

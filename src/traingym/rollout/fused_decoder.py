@@ -137,12 +137,18 @@ class FusedDecoder:
         """Llama: the weight as is; Gemma: (1 + w) in fp32, as Gemma's RMSNorm multiplies."""
         return 1.0 + module.weight.float() if self.gemma_norm else module.weight
 
+    def release(self) -> None:
+        """Drop the fused and pre-packed weights (a second copy of the model where packing
+        pays) until the next `refresh`; a prefill or decode before then refreshes first."""
+        self.layers, self.lm_head = None, None
+
     @torch.no_grad()
     def refresh(self) -> None:
         """Rebuild the fused (and, where it pays, pre-packed) weights from the HF model's current
         parameters."""
         from transformers.activations import ACT2FN
 
+        self.release()  # the old copies go before the new ones are made
         emb = self.model.model.embed_tokens
         self.embed = emb.weight
         scale = getattr(emb, "embed_scale", None)  # Gemma: sqrt(hidden), in the weight dtype
@@ -215,6 +221,8 @@ class FusedDecoder:
     @torch.no_grad()
     def prefill(self, ids_B_T, mask_B_T, pos_B_T, capacity: int):
         """Run prompts (left-padded); return last-position logits and a cache of `capacity`."""
+        if self.layers is None:
+            self.refresh()
         B, T = ids_B_T.shape
         kw = {"dtype": self.embed.dtype, "device": self.embed.device}
         cache = [(torch.zeros(B, self.n_kv, capacity, self.head_dim, **kw),
@@ -232,6 +240,8 @@ class FusedDecoder:
     def decode(self, tok_B, pos_B, cache, length: int, mask_B_S):
         """One token per row at cache slot `length`; mask_B_S covers slots 0..length. Attention
         runs over the whole preallocated cache (contiguous, so no copies), masking later slots."""
+        if self.layers is None:
+            self.refresh()
         h = self._embed(tok_B[:, None])
         capacity = cache[0][0].shape[2]
         mask_B_C = F.pad(mask_B_S.bool(), (0, capacity - mask_B_S.shape[1]), value=False)
@@ -245,6 +255,8 @@ class FusedDecoder:
         rollout/continuous.py): row b writes slot slot_B[b] and attends to its slots
         first_B[b]..slot_B[b]. `cache` may be views over the first rows and slots of a larger
         cache (writes go through to it)."""
+        if self.layers is None:
+            self.refresh()
         h = self._embed(tok_B[:, None])
         S = cache[0][0].shape[2]
         slots_S = torch.arange(S, device=tok_B.device)

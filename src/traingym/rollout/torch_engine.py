@@ -155,6 +155,13 @@ class TorchEngine:
 
         return wire_views(self.model.state_dict())
 
+    def release_derived(self) -> None:
+        """Drop what the engine rebuilds on its own (the fused decoder's weights: a copy of the
+        model where pre-packing pays) while a colocated trainer runs; the next update or
+        generate rebuilds it."""
+        if self.fused is not None:
+            self.fused.release()
+
     def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         own = self.model.state_dict()  # tensors share storage with the model's parameters
         unknown = sorted(set(state) - set(own))
