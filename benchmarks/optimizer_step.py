@@ -1,5 +1,5 @@
 """One AdamW step over the embedded model's parameters: torch's fused kernel (what
-trainer/torch_trainer.py make_optimizer picks for plain tensors) against the foreach one it
+trainer/optimizers.py make_optimizer picks for plain tensors) against the foreach one it
 used before, side by side.
 
 The parameters have the shapes of SmolLM2-135M-Instruct (134.5M, built from its config, random

@@ -97,6 +97,10 @@ def _algorithm_can_run(cfg) -> None:
         if cfg.distill.teacher is not None:
             raise ValueError(f"algorithm.name={name!r} with distill.teacher is not covered: "
                              "distillation has its own step; drop one of them")
+        if cfg.trainer.optimizer_in_backward:
+            raise ValueError(f"algorithm.name={name!r} with trainer.optimizer_in_backward is "
+                             "not covered (the value head trains beside the model): set "
+                             "trainer.optimizer_in_backward = false")
 
 
 def _async_needs(cfg) -> None:

@@ -4,6 +4,7 @@ the extras `lora`, `sft` and `distill`, each off by default (`lora.rank = 0`,
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -15,7 +16,22 @@ class TrainerConfig(Strict):
     lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.99)
-    grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
+    grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0: no clipping "
+                             "(grad_norm is still reported)")
+    optimizer: Literal["adamw", "adamw_8bit"] = Field(
+        "adamw", description="'adamw': torch's AdamW (fp32 moments: 8 bytes per parameter); "
+        "'adamw_8bit': bitsandbytes' AdamW8bit, both moments block-wise quantized to 8 bits "
+        "(about 2 bytes per parameter; tensors under 4096 values keep fp32 moments), close to "
+        "AdamW but not equal; needs the `memory` extra (pip install 'traingym[memory]') and "
+        "data_parallel = 1; slower than 'adamw' on a CPU (trainer/optimizers.py)")
+    optimizer_in_backward: bool = Field(
+        False, description="step each parameter inside the backward pass as soon as its "
+        "gradient is complete, then free that gradient, so the whole model's gradients never "
+        "exist at once; the update is the optimizer's usual one. Needs grad_clip = 0, "
+        "micro_batch_tokens = 0 and data_parallel = 1, and no value head (algorithm 'ppo'): "
+        "the whole batch is one forward/backward pass (micro_batch_groups is ignored; "
+        "gradient_checkpointing bounds its activations). A non-finite gradient is seen only "
+        "after the parameters took it: the step raises and the run resumes from a checkpoint")
     micro_batch_groups: int = Field(4, ge=1, description="groups per forward/backward pass")
     bf16_autocast: bool | Literal["auto"] = Field(
         "auto", description="bf16 autocast for forward/backward (master weights and optimizer "
@@ -36,6 +52,31 @@ class TrainerConfig(Strict):
     micro_batch_tokens: int = Field(0, ge=0, description="cap on tokens per forward/backward "
                                     "pass, splitting groups by samples (trainer/micro.py); 0: "
                                     "micro-batches of micro_batch_groups whole groups")
+
+    @model_validator(mode="after")
+    def _optimizer(self) -> TrainerConfig:
+        if self.optimizer == "adamw_8bit":
+            if importlib.util.find_spec("bitsandbytes") is None:
+                raise ValueError("trainer.optimizer='adamw_8bit' needs the bitsandbytes "
+                                 "package, which is not installed: pip install "
+                                 "'traingym[memory]' (or use trainer.optimizer='adamw')")
+            if self.data_parallel > 1:
+                raise ValueError("trainer.optimizer='adamw_8bit' runs in one trainer process "
+                                 "(8-bit moments with data-parallel ranks are not covered): "
+                                 "set trainer.data_parallel = 1 or trainer.optimizer='adamw'")
+        if not self.optimizer_in_backward:
+            return self
+        fixes = [fix for bad, fix in (
+            (self.grad_clip > 0, "trainer.grad_clip = 0 (clipping needs every gradient "
+                                 "before any step)"),
+            (self.micro_batch_tokens > 0, "trainer.micro_batch_tokens = 0 (a step is one "
+                                          "backward pass)"),
+            (self.data_parallel > 1, "trainer.data_parallel = 1 (ranks add up their "
+                                     "gradients after their backward passes)")) if bad]
+        if fixes:
+            raise ValueError("trainer.optimizer_in_backward steps each parameter during the "
+                             "step's one backward pass: set " + "; ".join(fixes))
+        return self
 
     @model_validator(mode="after")
     def _parallel(self) -> TrainerConfig:

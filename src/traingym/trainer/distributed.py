@@ -37,7 +37,8 @@ from traingym.trainer.rank import (
     tied_names,
     trainable_names,
 )
-from traingym.trainer.torch_trainer import batch_tokens, check_finite, empty_metrics, make_optimizer
+from traingym.trainer.optimizers import make_optimizer
+from traingym.trainer.torch_trainer import batch_tokens, check_finite, empty_metrics
 
 GRACE_S = 5.0  # after rank 0 fails, how long a worker's own error report may take to arrive
 START_S = 120.0  # a worker's start (spawn, import torch and transformers, build the model)

@@ -126,7 +126,7 @@ def indexed_optimizer_state(state: dict, names: list[str]) -> dict:
 
 
 def trainable_names(model) -> list[str]:
-    """Names in optimizer index order (trainer/torch_trainer.py: make_optimizer)."""
+    """Names in optimizer index order (trainer/optimizers.py: make_optimizer)."""
     return [n for n, p in model.named_parameters() if p.requires_grad]
 
 

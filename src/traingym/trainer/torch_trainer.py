@@ -1,4 +1,6 @@
-"""Single-process torch trainer: one clipped AdamW step per batch, over micro-batches of groups.
+"""Single-process torch trainer: one clipped AdamW step per batch, over micro-batches of groups
+(or, with `trainer.optimizer_in_backward`, unclipped steps inside one backward pass over the
+batch: trainer/optimizers.py).
 
 On-policy: the PPO ratio's "old" log-probs are the trainer's own, detached (ratio 1 in value).
 The engine's log-probs differ (an older policy in async mode, other numerics in any mode):
@@ -34,6 +36,7 @@ from traingym.core.types import Batch
 from traingym.trainer.config import TrainerConfig
 from traingym.trainer.logprobs import completion_logprobs
 from traingym.trainer.micro import micro_batches, sequence_logprobs
+from traingym.trainer.optimizers import StepInBackward, make_optimizer
 from traingym.trainer.value_head import make_value_head, value_targets, values_of
 
 
@@ -75,6 +78,7 @@ class TorchTrainer:
         self.optimizer = make_optimizer(model, cfg, self.value_head,
                                         algorithm.options.value_lr_scale
                                         if self.value_head is not None else 1.0)
+        self.in_backward = StepInBackward(self.optimizer) if cfg.optimizer_in_backward else None
 
     def _autocast(self):
         device = next(self.model.parameters()).device.type
@@ -150,8 +154,8 @@ class TorchTrainer:
             if knobs.entropy_coef > 0:
                 loss_B_T = loss_B_T - knobs.entropy_coef * out.entropy_B_T
             if targets is not None:
-                loss_B_T = loss_B_T + algo.options.vf_coef * self._value_loss(out, targets, n, stats,
-                                                                       total_tokens)
+                value_B_T = self._value_loss(out, targets, n, stats, total_tokens)
+                loss_B_T = loss_B_T + algo.options.vf_coef * value_B_T
             for k, v in sums.items():
                 stats[k] = stats.get(k, 0.0) + v / total_tokens
             weighted = loss_B_T * algo.token_weights(mask)
@@ -175,7 +179,10 @@ class TorchTrainer:
         return loss_B_T
 
     def _chunks(self, groups, advantages_G) -> list[tuple[list, list]]:
-        """The micro-batches (forward/backward passes) over (groups, advantages)."""
+        """The micro-batches (forward/backward passes) over (groups, advantages); one pass over
+        the batch when the optimizer steps in the backward pass."""
+        if self.in_backward is not None:
+            return [(groups, advantages_G)]
         return micro_batches(groups, advantages_G, self.cfg.micro_batch_groups,
                              self.cfg.micro_batch_tokens)
 
@@ -201,12 +208,26 @@ class TorchTrainer:
         return [a.float() for a in self.algorithm.token_advantages(parts)]
 
     def clip_and_step(self) -> float:
-        """Clip the gradients' global norm and step, unless that norm is not finite (then
-        no update); returns the norm before clipping."""
+        """Clip the gradients' global norm (unless `grad_clip` is 0) and step, unless that norm
+        is not finite (then no update); returns the norm before clipping. In-backward: the
+        backward pass has stepped already; returns its norm, and raises FloatingPointError when
+        that is not finite (the parameters took the step: resume from a checkpoint)."""
         with trace.span("optimizer", cat="trainer"):
+            if self.in_backward is not None:
+                grad_norm = self.in_backward.finish()
+                if not math.isfinite(grad_norm):
+                    raise FloatingPointError(
+                        f"gradient norm is {grad_norm} and trainer.optimizer_in_backward has "
+                        "already stepped the parameters with it: resume the run from its last "
+                        "checkpoint with a lower trainer.lr or trainer.bf16_autocast off")
+                return grad_norm
             params = [*self.model.parameters(),
                       *(self.value_head.parameters() if self.value_head is not None else ())]
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
+            if self.cfg.grad_clip > 0:
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
+            else:
+                grad_norm = float(torch.nn.utils.get_total_norm(
+                    [p.grad for p in params if p.grad is not None]))
             if math.isfinite(grad_norm):
                 self.optimizer.step()
         return grad_norm
@@ -226,26 +247,12 @@ class TorchTrainer:
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def close(self) -> None:
-        """Closes the teacher, if any (an engine may own a process); idempotent."""
+        """Closes the teacher, if any (an engine may own a process), and removes the
+        in-backward hooks; idempotent."""
         if self.teacher is not None:
             self.teacher.close()
-
-
-def make_optimizer(model, cfg: TrainerConfig, value_head=None,
-                   value_lr_scale: float = 1.0) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters, in `model.parameters()` order (a checkpoint's
-    optimizer state is keyed by that order); a value head's parameters after them, in a
-    group of their own with lr x `value_lr_scale` (the group's `lr_scale`). torch's fused
-    kernel where every parameter is a plain floating tensor (several times faster than foreach
-    on a CPU: benchmarks/optimizer_step.py), else foreach (sharded DTensor parameters)."""
-    groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
-    if value_head is not None:
-        groups.append({"params": list(value_head.parameters()), "lr": cfg.lr * value_lr_scale,
-                       "lr_scale": value_lr_scale})
-    params = [p for g in groups for p in g["params"]]
-    fused = all(type(p.data) is torch.Tensor and p.is_floating_point() for p in params)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
-                             **({"fused": True} if fused else {"foreach": True}))
+        if self.in_backward is not None:
+            self.in_backward.remove()
 
 
 def engine_logprobs(groups, like_B_T: torch.Tensor) -> torch.Tensor:
