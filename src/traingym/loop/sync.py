@@ -6,6 +6,7 @@ loop/step.py's, shared with the async loop; the run's parts are built in loop/bu
 
 from __future__ import annotations
 
+from traingym.core import memory
 from traingym.envs.runner import stream_seed
 from traingym.loop.step import run_step
 from traingym.loop.trainer import build_algorithm
@@ -25,6 +26,7 @@ def train_loop(run, start_step: int) -> dict:
             release = getattr(run.engine, "release_derived", None)
             if release is not None:  # idle until the publish: its rebuildable copies go
                 release()
+            memory.trim()
             return groups, {}
 
         def publish(state, version):

@@ -30,9 +30,10 @@ from traingym.algorithms.importance import (
     mismatch_sums,
     over_cap,
 )
-from traingym.core import trace
+from traingym.core import memory, trace
 from traingym.core.precision import autocast_bf16
 from traingym.core.types import Batch
+from traingym.trainer.casts import Borrowing, lending
 from traingym.trainer.config import TrainerConfig
 from traingym.trainer.logprobs import completion_logprobs
 from traingym.trainer.micro import micro_batches, sequence_logprobs
@@ -69,6 +70,10 @@ class TorchTrainer:
             enable({"use_reentrant": False})
             self.logprobs = sequence_logprobs
         self.forward_model = wrap(model) if wrap is not None else model
+        # lender(names) -> bf16 casts of those weights, or None (trainer/casts.py); the run sets
+        # it where the engine serves bf16 in place beside an unwrapped model
+        self.lender = None
+        self._lendable: set[str] | None = None
         self.value_head = None  # algorithms with needs_values (trainer/value_head.py)
         if algorithm.needs_values:
             self.value_head = make_value_head(model)
@@ -94,6 +99,8 @@ class TorchTrainer:
         stats = self.accumulate(batch.groups, batch.advantages_G, total_tokens,
                                 denom=self.algorithm.denominator(batch))
         grad_norm = check_finite(self.clip_and_step())
+        self.optimizer.zero_grad(set_to_none=True)  # no gradients held through the publish
+        memory.trim()
         return {**stats, "grad_norm": grad_norm, "trained_tokens": total_tokens,
                 "lr": self.cfg.lr}
 
@@ -129,7 +136,7 @@ class TorchTrainer:
             extra["entropy_grad"] = True
         for n, (chunk, advantages) in enumerate(chunks):
             with self._autocast(), trace.span("forward", cat="trainer", micro=n):
-                out = self.logprobs(self.forward_model, *rows[n], **extra)
+                out = self.logprobs(self._policy(), *rows[n], **extra)
             mask = out.mask_B_T  # policy tokens only
             adv_B = torch.tensor([a for adv in advantages for a in adv], dtype=torch.float32,
                                  device=out.logp_B_T.device)
@@ -161,11 +168,23 @@ class TorchTrainer:
             weighted = loss_B_T * algo.token_weights(mask)
             with trace.span("backward", cat="trainer", micro=n):
                 weighted.sum().mul(scale).div(denom).backward()
+            memory.trim()  # the pass's freed activations back to the system: core/memory.py
             stats["loss"] += float(weighted.detach().sum()) / denom
             stats["kl"] += float((kl_B_T.detach() * mask).sum()) / total_tokens
             stats["entropy"] += float((out.entropy_B_T.detach() * mask).sum()) / total_tokens
             stats["clip_frac"] += float((clipped_B_T * mask).sum()) / total_tokens
         return stats
+
+    def _policy(self):
+        """The model a micro-batch's forward runs: under bf16 autocast, borrowing the bf16
+        casts `lender` lends (trainer/casts.py: the colocated engine's own tensors, no copy)."""
+        if self.lender is None or not autocast_bf16(self.cfg.bf16_autocast,
+                                                    next(self.model.parameters()).device.type):
+            return self.forward_model
+        if self._lendable is None:
+            self._lendable = lending(self.forward_model)
+        casts = self.lender(self._lendable) if self._lendable else None
+        return Borrowing(self.forward_model, casts) if casts else self.forward_model
 
     def _value_loss(self, out, targets, n: int, stats: dict, total_tokens: int):
         """Per-token value loss of micro-batch n (the algorithm's, e.g. clipped); its stats."""

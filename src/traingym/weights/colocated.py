@@ -68,6 +68,7 @@ class ColocatedSync:
         own = getattr(engine, "writable_state", None)
         self._own: State | None = own() if callable(own) else None
         self.in_place = False  # the subscriber applies into the engine's own tensors
+        self._marks: dict = {}  # the published trainer tensors' (data_ptr, version counter)
         self.last: dict = {}
         # Shared memory outlives the process: remove it at exit even if close() is never called.
         self._cleanup = weakref.finalize(self, _remove, scratch_dir, transport.owned(self.sender))
@@ -92,6 +93,8 @@ class ColocatedSync:
             self.engine.update_weights(verified, version)
         if self.in_place and self.publisher._shadow is not verified:
             self.publisher.share_shadow(verified)  # no copy of the model beside the engine's
+        self._marks = {k: (t.data_ptr(), t._version) for k, t in wire.items()}
+        self._published = wire
         forget = getattr(self.sender, "forget_chain", None)
         if forget is not None:  # the one receiver holds the version: keep no frames for it
             forget(self.publisher.reanchor)
@@ -108,6 +111,22 @@ class ColocatedSync:
             "sync_apply_s": t3 - t2, "sync_engine_s": t4 - t3,
         }
         return stats
+
+    def lent_casts(self, names: set[str]) -> State | None:
+        """The engine's bf16 tensors for `names` (trainer/casts.py), or None unless they are
+        the casts of the trainer's weights as they are now: applied in place, bf16, and no
+        published trainer tensor written or replaced since (its version counter, which every
+        in-place write such as an optimizer step moves, and its storage)."""
+        if not (self.in_place and self.dtype == torch.bfloat16 and self.subscriber.valid
+                and self._marks and self.publisher._shadow is self.subscriber._state):
+            return None
+        if any((t.data_ptr(), t._version) != self._marks[k]
+               for k, t in self._published.items()):
+            return None
+        own = self.subscriber._state
+        if not names <= set(own):
+            return None
+        return {n: own[n] for n in names}
 
     def _adopt_engine_tensors(self, wire: State) -> None:
         """Before the first update: apply into the engine's own tensors when they are exactly what

@@ -1,0 +1,118 @@
+"""Borrowed casts (trainer/casts.py): a bf16 autocast forward and backward that reads lent bf16
+weights gives autocast's own log-probs and gradients bit for bit; in a colocated bf16 run the
+sync lends the engine's tensors only while they are the casts of the trainer's weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import traingym
+from traingym.loop.build import build_run
+from traingym.models.loader import tiny_model, tiny_tokenizer
+from traingym.trainer.casts import Borrowing, lending
+from traingym.trainer.logprobs import completion_logprobs
+
+
+def _rows(tok):
+    prompts = [tuple(tok(f"What is {a} + {b}?")["input_ids"]) for a, b in [(1, 2), (13, 4)]]
+    completions = [[[5, 6, 7], [8, 9]], [[10, 11, 12, 13], [14]]]
+    return prompts, completions
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_borrowed_casts_give_autocasts_logprobs_and_grads_bitwise(temperature):
+    tok = tiny_tokenizer()
+    prompts, completions = _rows(tok)
+
+    def run(borrow: bool):
+        model = tiny_model(tok, seed=3).train()
+        names = lending(model)
+        params = dict(model.named_parameters())
+        casts = {n: params[n].detach().to(torch.bfloat16) for n in names}
+        target = Borrowing(model, casts) if borrow else model
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = completion_logprobs(target, prompts, completions, temperature, 0)
+        (out.logp_B_T.sum() + out.entropy_B_T.sum()).backward()
+        return out.logp_B_T.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, \
+            names
+
+    logp_a, grads_a, names = run(False)
+    logp_b, grads_b, _ = run(True)
+    assert names and all(".layers." in n or n.startswith("lm_head") for n in names)
+    assert torch.equal(logp_a, logp_b)
+    assert grads_a.keys() == grads_b.keys()
+    for n in grads_a:
+        assert torch.equal(grads_a[n], grads_b[n]), n
+
+
+def test_tied_embedding_is_not_lent():
+    tok = tiny_tokenizer()
+    model = tiny_model(tok, seed=3)
+    names = lending(model)
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert ("lm_head.weight" in names) == (not tied)
+    assert "model.embed_tokens.weight" not in names
+
+
+def test_the_sync_lends_the_engines_tensors_only_while_they_are_the_casts(tmp_path):
+    cfg = traingym.build_config("tiny", overrides={
+        "steps": 1, "model": {"engine_dtype": "bfloat16"}, "checkpoint": {"every": 0},
+        "eval": {"before": False, "after": False}})
+    run, _ = build_run(cfg, tmp_path / "run", False, progress=False)
+    try:
+        names = lending(run.trainer.model)
+        lent = run.weights.lent_casts(names)
+        assert lent is not None and set(lent) == names
+        engine = run.engine.model.state_dict()
+        params = dict(run.trainer.model.named_parameters())
+        for n, t in lent.items():
+            assert t.data_ptr() == engine[n].data_ptr()  # the engine's own, no copy
+            assert torch.equal(t, params[n].detach().to(torch.bfloat16))
+        with torch.no_grad():  # any in-place write to a published weight ends the loan
+            params[sorted(names)[0]].mul_(1.0)
+        assert run.weights.lent_casts(names) is None
+        run.weights.publish(run.trainer.export(), version=1)
+        assert run.weights.lent_casts(names) is not None
+        assert run.weights.lent_casts(names | {"model.embed_tokens.weight.nope"}) is None
+    finally:
+        run.close()
+
+
+def test_a_float32_engine_lends_nothing(tmp_path):
+    cfg = traingym.build_config("tiny", overrides={
+        "steps": 1, "model": {"engine_dtype": "float32"}, "checkpoint": {"every": 0},
+        "eval": {"before": False, "after": False}})
+    run, _ = build_run(cfg, tmp_path / "run", False, progress=False)
+    try:
+        assert run.weights.lent_casts(lending(run.trainer.model)) is None
+    finally:
+        run.close()
+
+
+def test_a_run_on_borrowed_casts_trains_bitwise_as_one_on_its_own(tmp_path):
+    """Two steps of a colocated bf16 run (bf16 autocast on), borrowing and not: the same
+    weights bit for bit, and every micro-batch of the borrowing run did borrow."""
+    from traingym.loop.sync import train_loop
+
+    def final(lend: bool, name: str):
+        cfg = traingym.build_config("tiny", overrides={
+            "steps": 2, "model": {"engine_dtype": "bfloat16"}, "checkpoint": {"every": 0},
+            "trainer": {"bf16_autocast": True, "micro_batch_groups": 1},
+            "eval": {"before": False, "after": False}})
+        run, start = build_run(cfg, tmp_path / name, False, progress=False)
+        lent = []
+        if lend:
+            real = run.trainer.lender
+            run.trainer.lender = lambda names: lent.append(real(names)) or lent[-1]
+        else:
+            run.trainer.lender = None
+        train_loop(run, start)
+        weights = {k: v.clone() for k, v in run.trainer.export().items()}
+        run.close()
+        return weights, lent
+
+    a, _ = final(False, "own")
+    b, lent = final(True, "borrowed")
+    assert len(lent) >= 2 and all(x is not None for x in lent)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
