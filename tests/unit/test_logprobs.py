@@ -36,4 +36,24 @@ def test_shared_prefix_matches_full_sequences():
     _naive(model, prompts, completions, 0.7, tok.pad_token_id).sum().backward()
     for g_shared, p in zip(shared, model.parameters()):
         # HF's RMSNorm computes in float32 even in a float64 model: agreement is to ~1e-6.
-        assert torch.allclose(g_shared, p.grad, rtol=1e-5, atol=2e-6), (g_shared - p.grad).abs().max()
+        assert torch.allclose(g_shared, p.grad, rtol=1e-5, atol=2e-6), \
+            (g_shared - p.grad).abs().max()
+
+
+def test_the_lm_head_never_sees_a_strided_slice():
+    """HF's logits_to_keep hands the LM head a strided view of the hidden states; torch.matmul
+    then expands and copies the head's weight once per row (models/scoring.py
+    contiguous_head_input). Every LM head input of the trainer's passes is contiguous."""
+    from traingym.models.scoring import row_logits
+
+    tok = tiny_tokenizer()
+    model = tiny_model(tok, seed=3)
+    seen = []
+    model.get_output_embeddings().register_forward_hook(
+        lambda module, args, out: seen.append(args[0].is_contiguous()))
+    prompts = [(5, 6, 7, 8, 9), (10, 11, 12)]
+    completions = [[[20, 21, 22], [23]], [[26, 27], [28, 29, 30, 31]]]
+    completion_logprobs(model, prompts, completions, 1.0, tok.pad_token_id)
+    row_logits(model, [p for p, g in zip(prompts, completions) for _ in g],
+               [c for g in completions for c in g], tok.pad_token_id)
+    assert len(seen) == 3 and all(seen)

@@ -26,7 +26,7 @@ from transformers import DynamicCache
 from traingym.core.padding import left_pad, repeat_cache_rows
 from traingym.core.precision import engine_dtype
 from traingym.core.types import Completion, GenerationRequest, SamplingParams
-from traingym.models.scoring import row_logits, token_logprobs
+from traingym.models.scoring import contiguous_head_input, row_logits, token_logprobs
 from traingym.rollout.base import EngineAbilities
 from traingym.rollout.continuous import StepDecoder
 from traingym.rollout.fused_decoder import FusedDecoder, supports
@@ -268,10 +268,11 @@ class TorchEngine:
 
             return logits, forward
         cache = DynamicCache()
-        logits = self.model(
-            input_ids=ids_P_T, attention_mask=mask_P_T, position_ids=pos_P_T,
-            cache=cache, use_cache=True, logits_to_keep=1,
-        ).logits[:, -1].float()
+        with contiguous_head_input(self.model):  # models/scoring.py: else P copies of the head
+            logits = self.model(
+                input_ids=ids_P_T, attention_mask=mask_P_T, position_ids=pos_P_T,
+                cache=cache, use_cache=True, logits_to_keep=1,
+            ).logits[:, -1].float()
         repeat_cache_rows(cache, ns)
 
         def forward(tok_B, pos_B, mask_B_S):

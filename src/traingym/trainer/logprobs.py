@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from traingym.core.padding import left_pad, repeat_cache_rows, right_pad
+from traingym.models.scoring import contiguous_head_input
 
 
 @dataclass
@@ -70,10 +71,11 @@ def completion_logprobs(
     ids_P_L, mask_P_L = left_pad(prompts, pad_token_id, device)
     pos_P_L = (mask_P_L.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
-    first_P_V = model(
-        input_ids=ids_P_L, attention_mask=mask_P_L, position_ids=pos_P_L,
-        cache=cache, use_cache=True, logits_to_keep=1,
-    ).logits[:, -1]
+    with contiguous_head_input(model):  # models/scoring.py: else B copies of the head
+        first_P_V = model(
+            input_ids=ids_P_L, attention_mask=mask_P_L, position_ids=pos_P_L,
+            cache=cache, use_cache=True, logits_to_keep=1,
+        ).logits[:, -1]
     ns = torch.tensor([len(c) for c in completions], device=device)
     flat = [c for group in completions for c in group]
     if any(len(c) == 0 for c in flat):
