@@ -16,6 +16,9 @@ from traingym.core.errors import ConfigError
     ({"distill": {"coef": 0.5}}, "only with distill.teacher"),
     ({"distill": {"teacher": "tiny", "coef": 0.0}}, "nothing to learn from"),
     ({"distill": {"teacher": "tiny"}, "lora": {"rank": 2}}, "lora.rank = 0"),
+    ({"lora": {"base_dtype": "bfloat16"}}, "lora.rank > 0"),
+    ({"lora": {"rank": 2, "base_dtype": "bfloat16"}, "trainer": {"bf16_autocast": False}},
+     "lora.base_dtype='float32'"),
 ])
 def test_refusals_name_the_fix(overrides, words):
     with pytest.raises((ConfigError, ValueError), match=words.replace(".", r"\.").replace(

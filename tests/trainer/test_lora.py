@@ -12,15 +12,19 @@ require("peft", "LoRA needs peft (the lora extra: pip install traingym[lora])")
 
 import traingym  # noqa: E402
 from traingym.models.loader import tiny_model, tiny_tokenizer  # noqa: E402
-from traingym.models.lora import adapter_state, apply_lora, merged_state
+from traingym.models.lora import adapter_state, apply_lora, merged_state  # noqa: E402
 from traingym.observability.events import read_events  # noqa: E402
 from traingym.trainer.config import LoraConfig  # noqa: E402
 
 
-def _cfg(steps, **lora):
+def _cfg(steps, trainer=None, **lora):
     return traingym.build_config("tiny", overrides={
         "steps": steps, "checkpoint": {"every": 2}, "eval": {"before": False, "after": False},
-        "trainer": {"lr": 1e-2}, "lora": {"rank": 4, "alpha": 8.0, **lora}})
+        "trainer": {"lr": 1e-2, **(trainer or {})}, "lora": {"rank": 4, "alpha": 8.0, **lora}})
+
+
+def _bf16(steps):  # a bf16 base computes in bf16: the trainer's autocast on (tiny has it off)
+    return _cfg(steps, trainer={"bf16_autocast": True}, base_dtype="bfloat16")
 
 
 def test_only_adapters_train_and_merge_is_base_plus_scaled_ba():
@@ -80,3 +84,63 @@ def test_lora_resume_is_exact(tmp_path):
     opt = json.loads((a / "optimizer.json").read_text())
     n_adapters = sum(1 for k in load_file(a / "model.safetensors") if ".lora_" in k)
     assert len(opt["param_groups"][0]["params"]) == n_adapters  # AdamW over adapters only
+
+
+def test_bf16_base_trains_resumes_exactly_and_keeps_the_base_frozen(tmp_path):
+    """lora.base_dtype='bfloat16': the frozen base is bf16 (the initial model rounded), the
+    adapters and AdamW's state fp32; resume is bitwise; the merge upcasts W to fp32."""
+    traingym.train(_bf16(4), run_dir=tmp_path / "s", progress=False)
+    traingym.train(_bf16(2), run_dir=tmp_path / "r", progress=False)
+    traingym.train(_bf16(4), run_dir=tmp_path / "r", resume=True, progress=False)
+    assert any(e["groups_kept"] > 0 for e in read_events(tmp_path / "s"))
+    a, b = tmp_path / "s/checkpoints/step_000004", tmp_path / "r/checkpoints/step_000004"
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        ta, tb = load_file(a / name), load_file(b / name)
+        assert ta.keys() == tb.keys()
+        assert all(torch.equal(ta[k], tb[k]) for k in ta), name
+    ck = load_file(a / "model.safetensors")
+    init = tiny_model(tiny_tokenizer(), seed=0).state_dict()
+    for k, v in ck.items():
+        if ".lora_" in k:
+            assert v.dtype == torch.float32, k
+        else:  # frozen: the initial weights rounded to bf16, unchanged by 4 steps
+            assert v.dtype == torch.bfloat16, k
+            assert torch.equal(v, init[k.replace(".base_layer.", ".")].bfloat16()), k
+    w = "model.layers.0.self_attn.q_proj"
+    assert not torch.equal(ck[f"{w}.lora_B.default.weight"],
+                           torch.zeros_like(ck[f"{w}.lora_B.default.weight"]))
+    opt = load_file(a / "optimizer.safetensors")
+    assert opt and all(v.dtype == torch.float32 for k, v in opt.items() if v.dim() > 0)
+
+
+def test_bf16_base_dtypes_merge_and_adapter_engine():
+    from traingym.models.loader import load_policy
+    from traingym.rollout.torch_engine import TorchEngine
+    from traingym.trainer.lora import AdapterEngine, LoraTrainer, base_dtype
+
+    tok = tiny_tokenizer()
+    cfg = _bf16(1)
+    trainer = LoraTrainer(tiny_model(tok, seed=1), cfg.trainer, 1.0, tok.pad_token_id,
+                          lora=cfg.lora)
+    for n, p in trainer.model.named_parameters():
+        assert p.dtype == (torch.float32 if ".lora_" in n else torch.bfloat16), n
+        assert p.requires_grad == (".lora_" in n), n
+    group = trainer.optimizer.param_groups[0]["params"]
+    assert len(group) == 2 * 4 * 2 and all(p.dtype == torch.float32 for p in group)
+    layer = trainer.model.model.layers[0].self_attn.q_proj
+    with torch.no_grad():
+        layer.lora_B["default"].weight.normal_()
+    merged = merged_state(trainer.model)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    assert merged[q].dtype == torch.float32  # computed in fp32 from the bf16 W
+    assert torch.equal(merged[q], layer.base_layer.weight.float() + (b @ a) * 2.0)
+    assert merged["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16
+    # adapter sync onto a fp32 engine holding the same (bf16) base: the same bits as merged
+    base, _ = load_policy("tiny", seed=1, dtype=torch.bfloat16)
+    engine = AdapterEngine(TorchEngine(base, tok.pad_token_id, dtype=torch.float32), cfg.lora)
+    assert all(t.dtype == torch.float32 for t in engine.base.values())
+    engine.update_weights({k: v.clone() for k, v in adapter_state(trainer.model).items()}, 1)
+    assert torch.equal(engine.model.state_dict()[q], merged[q])
+    assert base_dtype(LoraConfig(rank=2, base_dtype="auto"), cfg.trainer.model_copy(
+        update={"bf16_autocast": False})) == torch.float32

@@ -32,10 +32,15 @@ def check_teacher_temperature(cfg) -> None:
 def check_extras(cfg) -> None:
     """Checks across sections for the extras; each ValueError names the problem and the fix."""
     lora, t = cfg.lora, cfg.trainer
-    if lora.rank == 0 and ({"alpha", "dropout", "target_modules", "sync"}
+    if lora.rank == 0 and ({"alpha", "dropout", "target_modules", "sync", "base_dtype"}
                            & lora.model_fields_set):
-        raise ValueError("lora.alpha, dropout, target_modules and sync apply only with "
-                         "lora.rank > 0; set lora.rank (e.g. 8)")
+        raise ValueError("lora.alpha, dropout, target_modules, sync and base_dtype apply only "
+                         "with lora.rank > 0; set lora.rank (e.g. 8)")
+    if lora.base_dtype == "bfloat16" and t.bf16_autocast is False:
+        raise ValueError("lora.base_dtype='bfloat16' computes the forward in bf16, but "
+                         "trainer.bf16_autocast=false asks for float32 compute: set "
+                         "lora.base_dtype='float32' (or 'auto'), or trainer.bf16_autocast "
+                         "to 'auto' or true")
     if lora.rank > 0 and t.data_parallel > 1:
         raise ValueError("lora.rank > 0 runs in one trainer process: set "
                          "trainer.data_parallel = 1 (LoRA with data-parallel ranks is not "

@@ -271,7 +271,12 @@ def _assemble(cfg: Config, run_dir: Path, resume: bool, inputs: Inputs,
     torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    model, tok = load_policy(cfg.model.path, seed=cfg.seed)
+    dtype = torch.float32
+    if cfg.lora.rank > 0:  # the frozen base as lora.base_dtype asks, before the engine's copy
+        from traingym.trainer.lora import base_dtype  # heavy: transformers
+
+        dtype = base_dtype(cfg.lora, cfg.trainer)
+    model, tok = load_policy(cfg.model.path, seed=cfg.seed, dtype=dtype)
     engine, _ = build_engine(engine_context(cfg), model, tok)  # its own copy of the weights
     if cfg.lora.rank > 0:  # lora.sync='adapter': the engine merges adapters (trainer/lora.py)
         from traingym.trainer.lora import wrap_engine  # heavy: transformers

@@ -23,7 +23,8 @@ def tiny_tokenizer(vocab_size: int = 512):
     from transformers import PreTrainedTokenizerFast
 
     lines = [f"What is {a} + {b}? The answer is {a + b}." for a in range(20) for b in range(20)]
-    lines += [f"What is {a} - {b}? What is {a} * {b}? {a * b} {a - b}" for a in range(20) for b in range(20)]
+    lines += [f"What is {a} - {b}? What is {a} * {b}? {a * b} {a - b}"
+              for a in range(20) for b in range(20)]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -77,18 +78,23 @@ def resolve_path(path: str) -> Path | None:
     return Path(path).expanduser()
 
 
-def load_policy(path: str, seed: int = 0):
-    """Return (fp32 model, tokenizer)."""
+def load_policy(path: str, seed: int = 0, dtype: torch.dtype = torch.float32):
+    """Return (model, tokenizer), the model's parameters in `dtype` (fp32 by default; a bf16
+    load rounds as fp32 then `.to(bfloat16)` would, without the fp32 copy; buffers such as the
+    rotary frequencies stay as the model makes them)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     folder = resolve_path(path)
     if folder is None:
         tok = tiny_tokenizer()
-        return tiny_model(tok, seed), tok
+        model = tiny_model(tok, seed)
+        for p in model.parameters():
+            p.data = p.data.to(dtype)
+        return model, tok
     tok = AutoTokenizer.from_pretrained(folder)
     hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok

@@ -46,6 +46,17 @@ def apply_lora(model, lcfg):
     return model
 
 
+def set_dtypes(model, base_dtype: torch.dtype) -> None:
+    """In place: every non-adapter parameter in `base_dtype`, every adapter parameter (lora_A,
+    lora_B) in float32 (peft creates adapters in the base's dtype). Buffers (rotary
+    frequencies) and tied parameters (one Parameter) are left as they are; a no-op where the
+    dtypes already match."""
+    for name, p in model.named_parameters():
+        dtype = torch.float32 if ".lora_" in name else base_dtype
+        if p.dtype != dtype:
+            p.data = p.data.to(dtype)
+
+
 def lora_layers(model) -> dict[str, torch.nn.Module]:
     """module name -> peft LoRA layer."""
     from peft.tuners.lora import LoraLayer
@@ -68,7 +79,8 @@ def adapter_state(model) -> dict[str, torch.Tensor]:
 
 
 def merged_state(model) -> dict[str, torch.Tensor]:
-    """Every tensor under the base model's names; adapted linears merged (float32)."""
+    """Every tensor under the base model's names; adapted linears merged in float32 (from a
+    bf16 base too: W upcast, then + (alpha / r) B A), the others in the base's dtype."""
     out = {k.replace(".base_layer.", "."): v.detach() for k, v in model.state_dict().items()
            if ".lora_" not in k}
     for name, layer in lora_layers(model).items():

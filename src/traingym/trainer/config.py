@@ -112,6 +112,11 @@ class LoraConfig(Strict):
         "merged", description="what reaches the engine: 'merged' (base + BA, every tensor the "
         "engine serves) or 'adapter' (only the A and B tensors; the engine merges them into "
         "the base it keeps; mode='sync' and the built-in torch engine only)")
+    base_dtype: Literal["float32", "bfloat16", "auto"] = Field(
+        "float32", description="dtype of the frozen base (every non-adapter parameter); the "
+        "adapters and their AdamW state stay float32. 'bfloat16' halves the base's memory (the "
+        "forward then computes in bf16, as under trainer.bf16_autocast, residual stream "
+        "included); 'auto': bfloat16 where trainer.bf16_autocast is on")
 
 
 class SftConfig(Strict):

@@ -5,8 +5,12 @@ the merged weights or the adapters alone.
 holds adapter state only; checkpoints (runs/checkpoint.py) hold the whole state dict, so
 resuming is exact. `lora.sync` picks what the weight sync sends: 'merged', every tensor with
 each adapted linear as W + (alpha / r) B A in float32; or 'adapter', only the A and B tensors,
-which `AdapterEngine` merges into its float32 copy of the base (hash-checked) with the same
-arithmetic (the same bits as 'merged' on a float32 engine; bf16 rounding of A and B on bf16).
+which `AdapterEngine` merges into its copy of the base (the engine's dtype, hash-checked)
+with the same arithmetic (the same bits as 'merged' on a float32 engine; bf16 rounding of A and
+B on bf16). `lora.base_dtype` 'bfloat16' keeps the frozen base in bf16 (the run loads it so:
+loop/build.py, and the engine's copy is made from it); the adapters and AdamW's state stay
+float32, and the merge upcasts W first. peft creates adapters in the base's dtype, so with a bf16
+base lora_A starts from its init rounded to bf16.
 QLoRA is not offered: bitsandbytes' 4-bit kernels target CUDA, not this CPU platform.
 Not covered: LoRA with data-parallel ranks, adapter-only sync to engine processes (async mode)
 or to other engines (vLLM's LoRA loading), embedding / lm_head adapters, DoRA, rsLoRA.
@@ -16,22 +20,35 @@ from __future__ import annotations
 
 import torch
 
+from traingym.core.precision import autocast_bf16
 from traingym.models.lora import (
     adapter_state,
     apply_lora,
     delta,
     merged_state,
+    set_dtypes,
 )
-from traingym.trainer.config import LoraConfig
+from traingym.trainer.config import LoraConfig, TrainerConfig
 from traingym.trainer.torch_trainer import TorchTrainer
+
+
+def base_dtype(lora: LoraConfig, trainer: TrainerConfig, device_type: str = "cpu") -> torch.dtype:
+    """`lora.base_dtype` as a torch dtype; 'auto': bf16 where trainer.bf16_autocast is on."""
+    name = lora.base_dtype
+    if name == "auto":
+        name = "bfloat16" if autocast_bf16(trainer.bf16_autocast, device_type) else "float32"
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
 
 
 class LoraTrainer(TorchTrainer):
     """TorchTrainer over a LoRA-injected model; `export()` as `lora.sync` asks."""
 
-    def __init__(self, model, *args, lora: LoraConfig, **kwargs):
+    def __init__(self, model, cfg: TrainerConfig, *args, lora: LoraConfig, **kwargs):
         self.lora = lora
-        super().__init__(apply_lora(model, lora), *args, **kwargs)
+        device = next(model.parameters()).device.type
+        model = apply_lora(model, lora)
+        set_dtypes(model, base_dtype(lora, cfg, device))  # before AdamW sees the adapters
+        super().__init__(model, cfg, *args, **kwargs)
 
     def export(self) -> dict[str, torch.Tensor]:
         if self.lora.sync == "adapter":
@@ -50,7 +67,8 @@ class AdapterEngine:
         self.targets = sorted(n.removesuffix(".weight") for n in own
                               if n.endswith(".weight")
                               and n.split(".")[-2] in set(lcfg.target_modules))
-        self.base = {n: own[f"{n}.weight"].detach().float().clone() for n in self.targets}
+        # in the engine's dtype (exact: these are its tensors), upcast one at a time to merge
+        self.base = {n: own[f"{n}.weight"].detach().clone() for n in self.targets}
         self.base_hash = state_hash(self.base)
 
     def __getattr__(self, name):  # generate, health, abilities, between_steps, model, ...
@@ -76,7 +94,7 @@ class AdapterEngine:
             raise RuntimeError("AdapterEngine: the engine's base weights changed since they were"
                                " copied; the merge would serve the wrong weights")
         dtype = next(iter(self.inner.model.state_dict().values())).dtype
-        merged = {f"{n}.weight": (self.base[n] + delta(state[f"{n}.lora_A.weight"],
+        merged = {f"{n}.weight": (self.base[n].float() + delta(state[f"{n}.lora_A.weight"],
                                                        state[f"{n}.lora_B.weight"],
                                                        self.scale)).to(dtype)
                   for n in self.targets}
