@@ -35,7 +35,7 @@ def lending(model) -> set[str]:
     for name, p in model.named_parameters(remove_duplicate=False):
         owners.setdefault(id(p), []).append(name)
     out = set()
-    for mod_name, mod in model.named_modules():
+    for mod in model.modules():
         if not isinstance(mod, torch.nn.Linear):
             continue
         for attr in ("weight", "bias"):

@@ -68,7 +68,8 @@ class ColocatedSync:
         own = getattr(engine, "writable_state", None)
         self._own: State | None = own() if callable(own) else None
         self.in_place = False  # the subscriber applies into the engine's own tensors
-        self._marks: dict = {}  # the published trainer tensors' (data_ptr, version counter)
+        self._published: State = {}  # the trainer's tensors last published
+        self._marks: dict = {}  # their (data_ptr, version counter) then
         self.last: dict = {}
         # Shared memory outlives the process: remove it at exit even if close() is never called.
         self._cleanup = weakref.finalize(self, _remove, scratch_dir, transport.owned(self.sender))
@@ -91,10 +92,11 @@ class ColocatedSync:
         t3 = time.perf_counter()
         with trace.span("apply", cat="weights", version=version):
             self.engine.update_weights(verified, version)
-        if self.in_place and self.publisher._shadow is not verified:
+        if self.in_place:
             self.publisher.share_shadow(verified)  # no copy of the model beside the engine's
-        self._marks = {k: (t.data_ptr(), t._version) for k, t in wire.items()}
-        self._published = wire
+        # the trainer's own tensors (detached views share their version counters)
+        self._published = state
+        self._marks = {k: (t.data_ptr(), t._version) for k, t in state.items()}
         forget = getattr(self.sender, "forget_chain", None)
         if forget is not None:  # the one receiver holds the version: keep no frames for it
             forget(self.publisher.reanchor)
@@ -118,12 +120,12 @@ class ColocatedSync:
         published trainer tensor written or replaced since (its version counter, which every
         in-place write such as an optimizer step moves, and its storage)."""
         if not (self.in_place and self.dtype == torch.bfloat16 and self.subscriber.valid
-                and self._marks and self.publisher._shadow is self.subscriber._state):
+                and self._marks and self.publisher.shared):
             return None
         if any((t.data_ptr(), t._version) != self._marks[k]
                for k, t in self._published.items()):
             return None
-        own = self.subscriber._state
+        own = self.subscriber.state
         if not names <= set(own):
             return None
         return {n: own[n] for n in names}

@@ -250,6 +250,11 @@ class Publisher:
         return PublishStats(version, header.codec, payload.nbytes, full_bytes, changed,
                             encode_s, send_s, reason, phases)
 
+    @property
+    def shared(self) -> bool:
+        """The shadow is a subscriber's state (share_shadow), not a copy of the publisher's."""
+        return self._shared
+
     def share_shadow(self, state: State) -> None:
         """From now on the shadow is `state`: a same-process subscriber's verified tensors (the
         engine's own), which hold the last published version and which that subscriber's apply
@@ -257,6 +262,8 @@ class Publisher:
         writes them (a delta's full hash and a reanchor cast the trainer's state, one tensor at
         a time, instead), and until the next publish the trainer's state must not change. An
         anchor of a new structure makes a copy again; call this again after it."""
+        if self._shared and self._shadow is state:
+            return
         if self._shadow is None or set(state) != set(self._shadow) or any(
                 state[k].dtype != v.dtype or state[k].shape != v.shape
                 for k, v in self._shadow.items()):
