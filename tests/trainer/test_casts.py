@@ -25,11 +25,11 @@ def test_borrowed_casts_give_autocasts_logprobs_and_grads_bitwise(temperature):
     tok = tiny_tokenizer()
     prompts, completions = _rows(tok)
 
-    def run(borrow: bool):
+    def run(borrow: bool, zero: bool = False):
         model = tiny_model(tok, seed=3).train()
         names = lending(model)
         params = dict(model.named_parameters())
-        casts = {n: params[n].detach().to(torch.bfloat16) for n in names}
+        casts = {n: params[n].detach().to(torch.bfloat16) * (0 if zero else 1) for n in names}
         target = Borrowing(model, casts) if borrow else model
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = completion_logprobs(target, prompts, completions, temperature, 0)
@@ -44,6 +44,8 @@ def test_borrowed_casts_give_autocasts_logprobs_and_grads_bitwise(temperature):
     assert grads_a.keys() == grads_b.keys()
     for n in grads_a:
         assert torch.equal(grads_a[n], grads_b[n]), n
+    logp_zero, _, _ = run(True, zero=True)  # the forward does read the lent tensors
+    assert not torch.equal(logp_a, logp_zero)
 
 
 def test_tied_embedding_is_not_lent():
@@ -55,7 +57,7 @@ def test_tied_embedding_is_not_lent():
     assert "model.embed_tokens.weight" not in names
 
 
-def test_the_sync_lends_the_engines_tensors_only_while_they_are_the_casts(tmp_path):
+def test_the_sync_lends_the_engines_own_tensors_equal_to_the_casts(tmp_path):
     cfg = traingym.build_config("tiny", overrides={
         "steps": 1, "model": {"engine_dtype": "bfloat16"}, "checkpoint": {"every": 0},
         "eval": {"before": False, "after": False}})
@@ -69,14 +71,36 @@ def test_the_sync_lends_the_engines_tensors_only_while_they_are_the_casts(tmp_pa
         for n, t in lent.items():
             assert t.data_ptr() == engine[n].data_ptr()  # the engine's own, no copy
             assert torch.equal(t, params[n].detach().to(torch.bfloat16))
-        with torch.no_grad():  # any in-place write to a published weight ends the loan
-            params[sorted(names)[0]].mul_(1.0)
-        assert run.weights.lent_casts(names) is None
-        run.weights.publish(run.trainer.export(), version=1)
-        assert run.weights.lent_casts(names) is not None
         assert run.weights.lent_casts(names | {"model.embed_tokens.weight.nope"}) is None
     finally:
         run.close()
+
+
+def test_a_loan_lasts_one_step(tmp_path):
+    """The sync loop lends after each publish (and at its start); the step that writes the
+    weights ends the loan, so no forward ever reads casts of older weights."""
+    from traingym.loop.sync import train_loop
+
+    cfg = traingym.build_config("tiny", overrides={
+        "steps": 3, "model": {"engine_dtype": "bfloat16"}, "checkpoint": {"every": 0},
+        "trainer": {"bf16_autocast": True}, "eval": {"before": False, "after": False}})
+    run, start = build_run(cfg, tmp_path / "run", False, progress=False)
+    trainer, seen = run.trainer, []
+    step = trainer.train_step
+
+    def watched(batch):
+        seen.append(trainer._loan is not None)
+        out = step(batch)
+        seen.append(trainer._loan is not None)
+        return out
+
+    trainer.train_step = watched
+    try:
+        assert trainer._loan is None  # building a run lends nothing
+        train_loop(run, start)
+    finally:
+        run.close()
+    assert seen == [True, False] * 3
 
 
 def test_a_float32_engine_lends_nothing(tmp_path):
@@ -101,12 +125,12 @@ def test_a_run_on_borrowed_casts_trains_bitwise_as_one_on_its_own(tmp_path):
             "trainer": {"bf16_autocast": True, "micro_batch_groups": 1},
             "eval": {"before": False, "after": False}})
         run, start = build_run(cfg, tmp_path / name, False, progress=False)
-        lent = []
+        lent, real = [], run.trainer.lend
         if lend:
-            real = run.trainer.lender
-            run.trainer.lender = lambda names: lent.append(real(names)) or lent[-1]
+            run.trainer.lend = lambda lender: real(
+                lambda names: lent.append(lender(names)) or lent[-1])
         else:
-            run.trainer.lender = None
+            run.trainer.lend = lambda lender: None
         train_loop(run, start)
         weights = {k: v.clone() for k, v in run.trainer.export().items()}
         run.close()

@@ -244,6 +244,32 @@ def test_shared_shadow_full_hashes_equal_the_engines(tmp_path, monkeypatch, engi
     assert [e["sync_resyncs"] for e in events] == [0, 0, 0]
 
 
+def test_a_failed_anchor_send_leaves_the_shared_engine_tensors_untouched(tmp_path, monkeypatch):
+    """With the shadow shared (in place, bf16), an anchor is encoded from the trainer's state,
+    never written into the engine's tensors first: a send that fails leaves the engine serving
+    its verified version; the next publish recovers."""
+    w = Watched(_cfg(engine_dtype="bfloat16", codec="full"), tmp_path / "run")
+    run = w.run
+    assert run.weights.publisher.shared
+    before = w.engine_hash()
+    with torch.no_grad():
+        for p in run.trainer.model.parameters():
+            p.add_(0.01)
+    real = run.weights.sender.send
+
+    def broken(payload):
+        raise ConnectionError("link down")
+
+    monkeypatch.setattr(run.weights.sender, "send", broken)
+    with pytest.raises(ConnectionError):
+        run.weights.publish(run.trainer.export(), version=1)
+    assert w.engine_hash() == before and run.weights.subscriber.valid
+    monkeypatch.setattr(run.weights.sender, "send", real)
+    run.weights.publish(run.trainer.export(), version=1)
+    assert w.engine_hash() == w.trainer_hash() != before
+    run.close()
+
+
 def test_an_engine_holding_the_trainers_tensors_gets_its_own_copy(tmp_path):
     """An engine whose writable tensors are the trainer's own (same dtype, shared memory) is
     not written in place: each delta would land in the masters and read the optimizer's

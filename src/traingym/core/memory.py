@@ -19,9 +19,12 @@ import functools
 def _malloc_trim():
     name = ctypes.util.find_library("c")
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
+        fn = ctypes.CDLL(name).malloc_trim if name else None
     except (OSError, AttributeError):
         return None
+    if fn is not None:
+        fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return fn
 
 
 def trim() -> None:

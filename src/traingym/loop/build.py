@@ -311,9 +311,6 @@ def _wire(cfg, run_dir, resume, inputs, progress, tok, engine, trainer) -> tuple
     weights = ColocatedSync(engine, cfg.weights, engine_dtype(cfg.model.engine_dtype),
                             run_dir / "weights")
     weights.publish(trainer.export(), version=start_step)  # a new publisher: an anchor first
-    t = cfg.trainer
-    if cfg.lora.rank == 0 and t.data_parallel == 1 and not t.gradient_checkpointing:
-        trainer.lender = weights.lent_casts  # bf16 forward on the engine's casts: trainer/casts.py
     resources = RunResources()  # this run's env resources, shared by its training and eval runners
     run = Run(cfg, run_dir, inputs, tok, trainer, engine, factory,
               RolloutRunner(engine, factory, params, r.group_size, tokenizer=tok,

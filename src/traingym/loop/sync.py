@@ -15,6 +15,7 @@ from traingym.loop.trainer import build_algorithm
 def train_loop(run, start_step: int) -> dict:
     cfg, metrics = run.cfg, {}
     algorithm = build_algorithm(cfg)
+    lend(run)  # the weights were just published (built, resumed, or after an SFT phase)
     for step in range(start_step, cfg.steps):
         rounds = []
 
@@ -31,6 +32,15 @@ def train_loop(run, start_step: int) -> dict:
 
         def publish(state, version):
             run.weights.publish(state, version=version)
+            lend(run)
 
         metrics, _ = run_step(run, step, take, publish, algorithm)
     return metrics
+
+
+def lend(run) -> None:
+    """The engine's bf16 tensors are the casts of the weights just published: the trainer's
+    next step may read them instead of casting its own (trainer/casts.py)."""
+    lend_to = getattr(run.trainer, "lend", None)
+    if lend_to is not None:
+        lend_to(run.weights.lent_casts)

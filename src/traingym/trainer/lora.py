@@ -50,6 +50,9 @@ class LoraTrainer(TorchTrainer):
         set_dtypes(model, base_dtype(lora, cfg, device))  # before AdamW sees the adapters
         super().__init__(model, cfg, *args, **kwargs)
 
+    def lend(self, lender) -> None:
+        """Nothing to borrow: the engine serves W + BA, not the casts of the frozen W."""
+
     def export(self) -> dict[str, torch.Tensor]:
         if self.lora.sync == "adapter":
             return adapter_state(self.model)

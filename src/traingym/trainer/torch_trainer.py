@@ -70,9 +70,7 @@ class TorchTrainer:
             enable({"use_reentrant": False})
             self.logprobs = sequence_logprobs
         self.forward_model = wrap(model) if wrap is not None else model
-        # lender(names) -> bf16 casts of those weights, or None (trainer/casts.py); the run sets
-        # it where the engine serves bf16 in place beside an unwrapped model
-        self.lender = None
+        self._loan = None  # lend(): bf16 casts for the next step only (trainer/casts.py)
         self._lendable: set[str] | None = None
         self.value_head = None  # algorithms with needs_values (trainer/value_head.py)
         if algorithm.needs_values:
@@ -98,6 +96,7 @@ class TorchTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         stats = self.accumulate(batch.groups, batch.advantages_G, total_tokens,
                                 denom=self.algorithm.denominator(batch))
+        self._loan = None  # the step writes the weights: the casts are stale from here
         grad_norm = check_finite(self.clip_and_step())
         self.optimizer.zero_grad(set_to_none=True)  # no gradients held through the publish
         memory.trim()
@@ -175,15 +174,24 @@ class TorchTrainer:
             stats["clip_frac"] += float((clipped_B_T * mask).sum()) / total_tokens
         return stats
 
+    def lend(self, lender) -> None:
+        """For the next `train_step` only: `lender(names)` gives bf16 tensors equal to those
+        weights' casts now, or None (weights/colocated.py lent_casts), which a bf16 autocast
+        forward then reads instead of casting (trainer/casts.py). Call it only while they are
+        the casts: right after publishing the weights, before anything changes them. Ignored
+        where the forward is wrapped (DDP/FSDP) or recomputed (gradient checkpointing)."""
+        if self.forward_model is self.model and not self.cfg.gradient_checkpointing:
+            self._loan = lender
+
     def _policy(self):
-        """The model a micro-batch's forward runs: under bf16 autocast, borrowing the bf16
-        casts `lender` lends (trainer/casts.py: the colocated engine's own tensors, no copy)."""
-        if self.lender is None or not autocast_bf16(self.cfg.bf16_autocast,
-                                                    next(self.model.parameters()).device.type):
+        """The model a micro-batch's forward runs: under bf16 autocast, borrowing the casts
+        lent for this step (trainer/casts.py: the colocated engine's own tensors, no copy)."""
+        if self._loan is None or not autocast_bf16(self.cfg.bf16_autocast,
+                                                   next(self.model.parameters()).device.type):
             return self.forward_model
         if self._lendable is None:
             self._lendable = lending(self.forward_model)
-        casts = self.lender(self._lendable) if self._lendable else None
+        casts = self._loan(self._lendable) if self._lendable else None
         return Borrowing(self.forward_model, casts) if casts else self.forward_model
 
     def _value_loss(self, out, targets, n: int, stats: dict, total_tokens: int):

@@ -68,8 +68,6 @@ class ColocatedSync:
         own = getattr(engine, "writable_state", None)
         self._own: State | None = own() if callable(own) else None
         self.in_place = False  # the subscriber applies into the engine's own tensors
-        self._published: State = {}  # the trainer's tensors last published
-        self._marks: dict = {}  # their (data_ptr, version counter) then
         self.last: dict = {}
         # Shared memory outlives the process: remove it at exit even if close() is never called.
         self._cleanup = weakref.finalize(self, _remove, scratch_dir, transport.owned(self.sender))
@@ -94,9 +92,6 @@ class ColocatedSync:
             self.engine.update_weights(verified, version)
         if self.in_place:
             self.publisher.share_shadow(verified)  # no copy of the model beside the engine's
-        # the trainer's own tensors (detached views share their version counters)
-        self._published = state
-        self._marks = {k: (t.data_ptr(), t._version) for k, t in state.items()}
         forget = getattr(self.sender, "forget_chain", None)
         if forget is not None:  # the one receiver holds the version: keep no frames for it
             forget(self.publisher.reanchor)
@@ -115,15 +110,13 @@ class ColocatedSync:
         return stats
 
     def lent_casts(self, names: set[str]) -> State | None:
-        """The engine's bf16 tensors for `names` (trainer/casts.py), or None unless they are
-        the casts of the trainer's weights as they are now: applied in place, bf16, and no
-        published trainer tensor written or replaced since (its version counter, which every
-        in-place write such as an optimizer step moves, and its storage)."""
+        """The engine's bf16 tensors for `names` (trainer/casts.py): the casts of the weights
+        last published, so of the trainer's weights only until they next change: the sync loop
+        lends them to the trainer right after a publish, for its next step only
+        (TorchTrainer.lend). None unless applied in place, bf16, verified and shared with the
+        publisher (then nothing else writes them)."""
         if not (self.in_place and self.dtype == torch.bfloat16 and self.subscriber.valid
-                and self._marks and self.publisher.shared):
-            return None
-        if any((t.data_ptr(), t._version) != self._marks[k]
-               for k, t in self._published.items()):
+                and self.publisher.shared):
             return None
         own = self.subscriber.state
         if not names <= set(own):

@@ -127,7 +127,8 @@ BUILT_IN = ("auto", "delta", "full")  # weights.codec policies over the built-in
 
 
 class Publisher:
-    """publish(state, version) after each optimizer step; the state is not kept or mutated."""
+    """publish(state, version) after each optimizer step; the state is never mutated (it is
+    kept by reference, for a shared shadow's reanchor: share_shadow)."""
 
     def __init__(self, sender: Sender, cfg: PublisherConfig = PublisherConfig()) -> None:
         self.sender, self.cfg = sender, cfg
@@ -196,7 +197,11 @@ class Publisher:
             if self._since_anchor + payload.nbytes > self.cfg.anchor_budget * full_bytes:
                 payload, reason = None, "anchor-budget"
         if payload is None:
-            wire = state if cast is None else self._cast_anchor(state, cast, reason)
+            if self._shared and reason not in ("first", "structure"):
+                wire = _Cast(state, cast)  # the engine's tensors: only the subscriber writes them
+            else:
+                self._shared = False
+                wire = state if cast is None else self._cast_anchor(state, cast, reason)
             payload = self.full.encode(None, wire)
             target_hash = state_hash(wire)
         else:
@@ -237,8 +242,7 @@ class Publisher:
             self._update_shadow(changes, phases)  # after the send: beside the receiver's apply
         if payload.nbytes > 1 << 20:
             self._link_s_per_byte = send_s / payload.nbytes
-        if anchor and wire is not self._shadow:
-            self._shared = False
+        if anchor and not self._shared and wire is not self._shadow:
             self._shadow = wire if cast is not None else {
                 k: v.detach().clone() for k, v in wire.items()}
         if anchor:
@@ -295,8 +299,7 @@ class Publisher:
             return None
         source = self._shadow
         if self._shared:  # the receiver's state may be what failed: not a source
-            state, cast = self._published
-            source = {k: v.detach().to(cast or v.dtype) for k, v in state.items()}
+            source = _Cast(*self._published)
         payload = self.full.encode(None, source)
         target_hash = state_hash(source)
         header = dataclasses.replace(payload.header, codec=self._full_name,
