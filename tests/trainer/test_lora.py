@@ -144,3 +144,37 @@ def test_bf16_base_dtypes_merge_and_adapter_engine():
     assert torch.equal(engine.model.state_dict()[q], merged[q])
     assert base_dtype(LoraConfig(rank=2, base_dtype="auto"), cfg.trainer.model_copy(
         update={"bf16_autocast": False})) == torch.float32
+
+
+def test_adapter_sync_shares_the_frozen_base_with_the_engine(tmp_path):
+    """lora.sync='adapter' with the engine in the base's dtype: the engine's tensors outside the
+    adapted layers, and AdapterEngine's base of those layers, are the trainer's frozen tensors
+    (one copy); the adapted layers are the engine's own and get base + (alpha / r) B A."""
+    from traingym.loop.build import build_run
+    from traingym.loop.sync import train_loop
+
+    cfg = traingym.build_config("tiny", overrides={
+        "steps": 2, "eval": {"before": False, "after": False},
+        "model": {"engine_dtype": "bfloat16"}, "trainer": {"lr": 1e-2, "bf16_autocast": True},
+        "lora": {"rank": 4, "alpha": 8.0, "sync": "adapter", "base_dtype": "bfloat16"}})
+    run, start = build_run(cfg, tmp_path / "run", False, progress=False)
+    try:
+        train_loop(run, start)
+        theirs = {k.replace(".base_layer.", "."): v for k, v in
+                  run.trainer.model.state_dict().items() if ".lora_" not in k}
+        engine = run.engine.inner.model.state_dict()
+        assert engine.keys() == theirs.keys()
+        q = "model.layers.0.self_attn.q_proj"
+        for k, v in engine.items():
+            if "rotary" in k:
+                continue
+            shared = v.data_ptr() == theirs[k].data_ptr()
+            assert shared == (k.split(".")[-2] not in cfg.lora.target_modules), k
+        assert run.engine.base[q].data_ptr() == theirs[f"{q}.weight"].data_ptr()
+        ab = {k: v.bfloat16().float() for k, v in adapter_state(run.trainer.model).items()}
+        expect = (theirs[f"{q}.weight"].float() + 2.0 * (ab[f"{q}.lora_B.weight"]
+                                                         @ ab[f"{q}.lora_A.weight"]))
+        assert torch.equal(engine[f"{q}.weight"], expect.bfloat16())
+        assert not torch.equal(engine[f"{q}.weight"], theirs[f"{q}.weight"])  # it trained
+    finally:
+        run.close()

@@ -281,7 +281,7 @@ def _assemble(cfg: Config, run_dir: Path, resume: bool, inputs: Inputs,
     if cfg.lora.rank > 0:  # lora.sync='adapter': the engine merges adapters (trainer/lora.py)
         from traingym.trainer.lora import wrap_engine  # heavy: transformers
 
-        engine = wrap_engine(cfg.lora, engine)
+        engine = wrap_engine(cfg.lora, engine, model)  # may share the frozen base with it
     with ExitStack() as undo:
         undo.callback(engine.close)
         trainer = build_trainer(cfg, model, tok.pad_token_id)  # loop/trainer.py

@@ -10,7 +10,11 @@ with the same arithmetic (the same bits as 'merged' on a float32 engine; bf16 ro
 B on bf16). `lora.base_dtype` 'bfloat16' keeps the frozen base in bf16 (the run loads it so:
 loop/build.py, and the engine's copy is made from it); the adapters and AdamW's state stay
 float32, and the merge upcasts W first. peft creates adapters in the base's dtype, so with a bf16
-base lora_A starts from its init rounded to bf16.
+base lora_A starts from its init rounded to bf16. Under 'adapter' sync nothing ever writes the
+base outside the A and B tensors (the trainer keeps it frozen; the engine is sent the adapted
+layers only), so where the engine's dtype is the base's, the engine's other tensors and
+AdapterEngine's copy of the adapted layers' bases are the trainer's own (`share_frozen`): one
+copy of the frozen base instead of two.
 QLoRA is not offered: bitsandbytes' 4-bit kernels target CUDA, not this CPU platform.
 Not covered: LoRA with data-parallel ranks, adapter-only sync to engine processes (async mode)
 or to other engines (vLLM's LoRA loading), embedding / lm_head adapters, DoRA, rsLoRA.
@@ -62,7 +66,9 @@ class LoraTrainer(TorchTrainer):
 class AdapterEngine:
     """Wraps a TorchEngine: takes adapter tensors, serves base + (alpha / r) B A."""
 
-    def __init__(self, inner, lcfg: LoraConfig):
+    def __init__(self, inner, lcfg: LoraConfig, base_model=None):
+        """`base_model`: the model the trainer injects adapters into (before injection); its
+        target weights serve as the base where they have the engine's dtype (no copy)."""
         from traingym.weights.hashing import state_hash  # heavy: numpy
 
         self.inner, self.scale = inner, lcfg.alpha / lcfg.rank
@@ -70,8 +76,12 @@ class AdapterEngine:
         self.targets = sorted(n.removesuffix(".weight") for n in own
                               if n.endswith(".weight")
                               and n.split(".")[-2] in set(lcfg.target_modules))
-        # in the engine's dtype (exact: these are its tensors), upcast one at a time to merge
-        self.base = {n: own[f"{n}.weight"].detach().clone() for n in self.targets}
+        theirs = base_model.state_dict() if base_model is not None else {}
+        # in the engine's dtype (exact: its own values), upcast one at a time to merge
+        self.base = {}
+        for n in self.targets:
+            mine = _same(theirs.get(f"{n}.weight"), own[f"{n}.weight"])
+            self.base[n] = mine if mine is not None else own[f"{n}.weight"].detach().clone()
         self.base_hash = state_hash(self.base)
 
     def __getattr__(self, name):  # generate, health, abilities, between_steps, model, ...
@@ -110,8 +120,37 @@ class AdapterEngine:
         self.inner.close()
 
 
-def wrap_engine(lora, engine):
-    """The engine the run syncs to: wrapped by AdapterEngine under lora.sync='adapter'."""
+def _same(mine: torch.Tensor | None, engine: torch.Tensor) -> torch.Tensor | None:
+    """`mine` (detached) where it can stand in for the engine's tensor: same dtype and shape."""
+    if mine is None or mine.dtype != engine.dtype or mine.shape != engine.shape:
+        return None
+    return mine.detach()
+
+
+def share_frozen(engine_model, base_model, target_modules) -> int:
+    """Point each parameter of `engine_model` outside the `target_modules` layers at
+    `base_model`'s tensor of the same name, dtype and shape (tied ones once); returns the bytes
+    the engine no longer holds. Only for adapter sync: nothing may write these tensors (the
+    fused decoder's copies still reference the old ones until its next refresh, which the first
+    weight update does)."""
+    theirs = dict(base_model.named_parameters())
+    freed = 0
+    with torch.no_grad():
+        for name, p in engine_model.named_parameters():
+            if name.split(".")[-2] in set(target_modules):
+                continue
+            mine = _same(theirs.get(name), p)
+            if mine is not None and mine.data_ptr() != p.data_ptr():
+                freed += p.numel() * p.element_size()
+                p.data = mine
+    return freed
+
+
+def wrap_engine(lora, engine, base_model=None):
+    """The engine the run syncs to: wrapped by AdapterEngine under lora.sync='adapter', its
+    frozen tensors then `base_model`'s where they can be (`share_frozen`)."""
     if lora.rank > 0 and lora.sync == "adapter":
-        return AdapterEngine(engine, lora)
+        if base_model is not None:
+            share_frozen(engine.model, base_model, lora.target_modules)
+        return AdapterEngine(engine, lora, base_model)
     return engine
