@@ -10,17 +10,19 @@ prompts x 4 samples, 8 new tokens, colocated torch engine in model.engine_dtype 
   fine-tune with the memory-saving options of trainer/optimizers.py (SETTINGS below: 8-bit
   AdamW moments, the step inside the backward pass, so no clipping). Target: peak <= 20 GB.
 - `qwen3-1.7b-lora`: Qwen3-1.7B's shape ('qwen3-1.7b'), random init, bf16 safetensors (3.4 GB);
-  LoRA rank 16 on q/k/v/o with `lora.base_dtype = bfloat16` (trainer/lora.py). Target: 12 GB.
+  LoRA rank 16 on q/k/v/o with `lora.base_dtype = bfloat16` and `lora.sync = adapter`, so the
+  engine's frozen tensors are the trainer's (trainer/lora.py share_frozen). Target: 12 GB.
 
 Both models carry the embedded tokenizer (49,152 ids; a sampled id beyond it decodes to
 nothing, which `token_parity` does not read). Made once in --cache, each in its own process.
 
 Peak RSS is the kernel's high-water mark (VmHWM), also split by trace phase (memory_phases.py
-PhasePeaks: exact, reset at each span edge) and, after the last step, the tensors each owner
-holds (memory_phases.py `owners`). Seconds: each train_step (forward, backward, optimizer;
-median of the steps) and each loop step (rollout + train + sync, from events.jsonl), and the
-whole child (load, build, steps). Memory does not depend on the machine's load; seconds do
-(the load average is in the result's provenance).
+PhasePeaks: exact, reset at each span edge; each `optimizer.step` call is a phase of its own,
+`optimizer_step`, also where it runs inside the backward pass) and, after the last step, the
+tensors each owner holds (memory_phases.py `owners`). Seconds: each train_step (forward,
+backward, optimizer; median of the steps) and each loop step (rollout + train + sync, from
+events.jsonl), and the whole child (load, build, steps). Memory does not depend on the
+machine's load; seconds do (the load average is in the result's provenance).
 
     PYTHONPATH=src .venv/bin/python benchmarks/big_models.py --settings llama-1.2b
     PYTHONPATH=src .venv/bin/python benchmarks/big_models.py --settings qwen3-1.7b-lora
@@ -28,6 +30,10 @@ whole child (load, build, steps). Memory does not depend on the machine's load; 
     ... --set trainer.micro_batch_groups=1 --label mb1   # any config override, dotted, JSON
 
 `--set` applies to every setting of the invocation, after the setting's own overrides.
+`--what-if-trim` returns the allocator's free pages (core/memory.py trim) before each
+`optimizer.step` call: a what-if, not what the library does; inside the backward pass
+(trainer.optimizer_in_backward) the heap then holds the pass's freed activations when a large
+tensor's 8-bit step allocates its temporaries. Its runs are named `<setting>/what-if-trim`.
 Not covered: pretrained weights (random init: speed and memory only, no learning curve), the
 other engines (vLLM, where a preset of 1B and more would put rollouts).
 """
@@ -78,8 +84,8 @@ SETTINGS = {
     "qwen3-1.7b-lora": Setting(
         "qwen3-1.7b", "bfloat16",
         {"rope_theta": 1000000.0, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6},
-        {"lora": {"rank": 16, "base_dtype": "bfloat16"}},
-        12.0, "LoRA rank 16 (q/k/v/o), frozen base in bf16"),
+        {"lora": {"rank": 16, "base_dtype": "bfloat16", "sync": "adapter"}},
+        12.0, "LoRA rank 16 (q/k/v/o), frozen base in bf16, shared with the engine"),
 }
 
 
@@ -148,6 +154,7 @@ def child(args) -> dict:
     from memory_phases import PhasePeaks, owners, reset_hwm, rss_mib
 
     import traingym
+    from traingym.core import memory, trace
     from traingym.loop.build import build_run
     from traingym.loop.sync import train_loop
     from traingym.observability.events import read_events
@@ -176,6 +183,16 @@ def child(args) -> dict:
         return out
 
     run.trainer.train_step = timed
+    optimizer = run.trainer.optimizer
+    real_opt_step = optimizer.step
+
+    def opt_step(*a, **k):  # its own phase, also where it runs inside the backward pass
+        if args.what_if_trim:
+            memory.trim()
+        with trace.span("optimizer_step", cat="trainer"):
+            return real_opt_step(*a, **k)
+
+    optimizer.step = opt_step
     train_loop(run, start)
     peaks.edge()
     held = owners(run)
@@ -204,7 +221,8 @@ def child(args) -> dict:
                      "grad_clip": t.grad_clip, "bf16_autocast": t.bf16_autocast,
                      "gradient_checkpointing": t.gradient_checkpointing,
                      "lora_rank": cfg.lora.rank, "lora_base_dtype": cfg.lora.base_dtype,
-                     "threads": args.threads},
+                     "lora_sync": cfg.lora.sync, "threads": args.threads,
+                     "what_if_trim": args.what_if_trim},
         "peak_rss_gb": round(peak * mib / GB, 2), "peak_rss_mib": round(peak, 1),
         "peak_bytes_per_param": round(peak * mib / params, 2),
         "target_gb": setting.target_gb, "within_target": peak * mib / GB <= setting.target_gb,
@@ -237,6 +255,8 @@ def main() -> None:
                     "are then not the setting's)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override (dotted key, JSON value), repeatable")
+    ap.add_argument("--what-if-trim", action="store_true",
+                    help="return free heap pages before each optimizer.step (a what-if)")
     resultfile.add_args(ap)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--make", default=None, help=argparse.SUPPRESS)
@@ -271,6 +291,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--child", name, "--steps", str(args.steps),
                "--threads", str(args.threads), "--cache", str(cache), "--run-dir", str(run_dir)]
         cmd += ["--layers", str(args.layers)] if args.layers else []
+        cmd += ["--what-if-trim"] if args.what_if_trim else []
         for s in args.set:
             cmd += ["--set", s]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -280,6 +301,7 @@ def main() -> None:
                      f"memory):\n{proc.stderr[-4000:]}")
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         r["notes"] = SETTINGS[name].notes
+        name += "/what-if-trim" if args.what_if_trim else ""
         results["runs"][name] = r
         print(f"{name}: {r['params'] / 1e9:.2f}B params, peak {r['peak_rss_gb']} GB "
               f"({r['peak_bytes_per_param']} B/param; target {r['target_gb']} GB: "
