@@ -11,6 +11,7 @@ transport registry (registry.py).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -19,6 +20,23 @@ import torch
 from traingym.core.registry import Registry
 
 State = dict[str, torch.Tensor]
+
+
+class CastView(Mapping):
+    """`state` read as cast to `dtype`, one tensor at a time (None: as it is)."""
+
+    def __init__(self, state: State, dtype: torch.dtype | None) -> None:
+        self.state, self.dtype = state, dtype
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        t = self.state[name].detach()
+        return t.to(self.dtype) if self.dtype is not None else t
+
+    def __iter__(self):
+        return iter(self.state)
+
+    def __len__(self) -> int:
+        return len(self.state)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from traingym.weights.base import Payload, PeerDead
 from traingym.weights.frame import from_buffer, to_views
 from traingym.weights.registry import Abilities, Transport
-from traingym.weights.sync import Chain
+from traingym.weights.chain import Chain
 
 
 @dataclass(frozen=True)

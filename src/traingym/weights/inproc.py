@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from traingym.weights.base import Payload, PeerDead, TransportTimeout
 from traingym.weights.registry import Abilities, Transport
-from traingym.weights.sync import Chain
+from traingym.weights.chain import Chain
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,7 @@ Not covered: applying while the engine generates (call `poll` between generation
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
 
@@ -29,6 +27,7 @@ from traingym.weights import lthash
 from traingym.weights.base import (
     CODECS,
     BaseMismatch,
+    CastView,
     IntegrityError,
     Payload,
     PeerDead,
@@ -41,55 +40,6 @@ from traingym.weights.changes import Changes
 from traingym.weights.codecs import apply_changes
 from traingym.weights.frame import seal, verify_body
 from traingym.weights.hashing import state_hash
-
-
-class Chain:
-    """The last anchor and the deltas since: what a late or broken receiver needs.
-
-    `forget(source)` drops the frames held (an in-process sender whose one receiver is up to
-    date keeps no copy of the model for it): until the next anchor, a request the deltas
-    added since cannot answer gets `source()`, a fresh anchor of the newest version (the
-    publisher's `reanchor`), made in the asking thread."""
-
-    def __init__(self) -> None:
-        self._frames: list[Payload] = []
-        self._head: str | None = None  # the target hash of the last frame added
-        self._source: Callable[[], Payload | None] | None = None
-        self._lock = threading.Lock()
-
-    def add(self, p: Payload) -> None:
-        with self._lock:
-            if p.is_anchor:
-                self._frames, self._source = [p], None
-            elif not self._frames and self._source is None:
-                raise ValueError("the first update on a chain must be an anchor (full)")
-            else:
-                self._frames = [*self._frames, p]
-            self._head = p.header.target_hash
-
-    def forget(self, source: Callable[[], Payload | None]) -> None:
-        with self._lock:
-            self._frames, self._source = [], source
-
-    def since(self, have_hash: str | None) -> list[Payload]:
-        with self._lock:
-            frames = self._frames
-            for i, p in enumerate(frames if have_hash is not None else ()):
-                # a delta from that hash, or the frames after one that reached it (a step
-                # that changes nothing keeps the hash: the versions after it still count)
-                if not p.is_anchor and p.header.base_hash == have_hash:
-                    return frames[i:]
-                if p.header.target_hash == have_hash:
-                    return frames[i + 1 :]
-            if have_hash is not None and have_hash == self._head:
-                return []  # up to date with a chain that forgot its frames
-            if self._source is None:
-                return list(frames)
-            anchor = self._source()
-            if anchor is None:
-                return []
-            self._frames, self._source, self._head = [anchor], None, anchor.header.target_hash
-            return [anchor]
 
 
 @dataclass(frozen=True)
@@ -198,7 +148,7 @@ class Publisher:
                 payload, reason = None, "anchor-budget"
         if payload is None:
             if self._shared and reason not in ("first", "structure"):
-                wire = _Cast(state, cast)  # the engine's tensors: only the subscriber writes them
+                wire = CastView(state, cast)  # only the subscriber writes the engine's
             else:
                 self._shared = False
                 wire = state if cast is None else self._cast_anchor(state, cast, reason)
@@ -213,7 +163,7 @@ class Publisher:
             every = self.cfg.full_hash_every
             if every and self._deltas % every == 0 and self._shared:
                 t_hash = time.perf_counter()
-                full_hash = state_hash(_Cast(state, cast))  # one tensor cast at a time
+                full_hash = state_hash(CastView(state, cast))  # one tensor cast at a time
                 phases["full_hash"] = time.perf_counter() - t_hash
             elif every and self._deltas % every == 0:
                 self._update_shadow(changes, phases)
@@ -299,7 +249,7 @@ class Publisher:
             return None
         source = self._shadow
         if self._shared:  # the receiver's state may be what failed: not a source
-            source = _Cast(*self._published)
+            source = CastView(*self._published)
         payload = self.full.encode(None, source)
         target_hash = state_hash(source)
         header = dataclasses.replace(payload.header, codec=self._full_name,
@@ -314,7 +264,7 @@ class Publisher:
         if self._shadow is None:
             return None
         if self._shared:
-            return state_hash(_Cast(*self._published))
+            return state_hash(CastView(*self._published))
         return state_hash(self._shadow)
 
     def _full_predicted_faster(self, full_bytes: int) -> bool:
@@ -326,23 +276,6 @@ class Publisher:
         t_delta = 2 * self._delta_s + delta_guess * self._link_s_per_byte
         t_full = 2 * (self._full_s or 0.0) + full_bytes * self._link_s_per_byte
         return t_full < t_delta
-
-
-class _Cast(Mapping):
-    """`state` read as cast to `dtype`, one tensor at a time (None: as it is)."""
-
-    def __init__(self, state: State, dtype: torch.dtype | None) -> None:
-        self.state, self.dtype = state, dtype
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        t = self.state[name].detach()
-        return t.to(self.dtype) if self.dtype is not None else t
-
-    def __iter__(self):
-        return iter(self.state)
-
-    def __len__(self) -> int:
-        return len(self.state)
 
 
 def decode(state: State | None, payload: Payload, threads: int,

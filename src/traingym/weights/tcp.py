@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from traingym.weights.base import Payload, PeerDead, TransportTimeout
 from traingym.weights.frame import from_buffer, to_views
 from traingym.weights.registry import Abilities, Transport
-from traingym.weights.sync import Chain
+from traingym.weights.chain import Chain
 
 _HDR = struct.Struct("<4sBQ")
 _MAGIC = b"TGW1"
