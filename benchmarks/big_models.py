@@ -129,23 +129,11 @@ def make_model(name: str, folder: Path, layers: int | None = None) -> None:
 
 
 def _overrides(setting: Setting, args) -> dict:
-    overrides: dict = {"steps": args.steps, "model": {"path": str(model_dir(args, args.name))},
-                       "task": {"reward": "sync_memory:token_parity"},
-                       "eval": {"before": False, "after": False}}
+    from memory_phases import run_overrides
+
     items = [f"{k}.{k2}={json.dumps(v)}" for k, sec in setting.overrides.items()
              for k2, v in sec.items()] + list(args.set)
-    for item in items:
-        key, _, raw = item.partition("=")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        node = overrides
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return overrides
+    return run_overrides(args.steps, str(model_dir(args, args.name)), items)
 
 
 def child(args) -> dict:

@@ -7,7 +7,8 @@ trains, eval and checkpoints off). Phases are the run's own trace spans (core/tr
 generate, forward, backward, optimizer, publish, ...): the child wraps `trace.span` so that on
 entering and leaving each span it reads the kernel's high-water mark (VmHWM, /proc/self/status)
 and resets it (writing 5 to /proc/self/clear_refs). A phase's peak is the highest RSS while it
-was the innermost span: exact, not sampled. `outside` is the time outside every span (building the run, between steps).
+was the innermost span: exact, not sampled. `outside` is the time outside every span
+(building the run, between steps).
 
 After the last step it sums the tensors each owner holds, by storage (shared storage counted
 once, for the first owner in this order): trainer weights, gradients, optimizer state, engine
@@ -135,6 +136,26 @@ def owners(run) -> dict[str, int]:
     return out
 
 
+def run_overrides(steps: int, path: str, sets: list[str]) -> dict:
+    """The measured run's config: `steps` steps of `path`, every group trained, no evaluations,
+    then each KEY=VALUE of `sets` (dotted key, JSON value or a plain string)."""
+    overrides: dict = {"steps": steps, "model": {"path": path},
+                       "task": {"reward": "sync_memory:token_parity"},
+                       "eval": {"before": False, "after": False}}
+    for item in sets:
+        key, _, raw = item.partition("=")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = overrides
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return overrides
+
+
 def child(args) -> dict:
     import torch
     import transformers  # noqa: F401  (counted in the interpreter's share)
@@ -149,20 +170,7 @@ def child(args) -> dict:
     peaks.install()
     reset_hwm()
     path = args.model if args.model not in ("362m",) else str(Path(args.cache) / "llama-362m")
-    overrides: dict = {"steps": args.steps, "model": {"path": path},
-                       "task": {"reward": "sync_memory:token_parity"},
-                       "eval": {"before": False, "after": False}}
-    for item in args.set:
-        key, _, raw = item.partition("=")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        node = overrides
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
+    overrides = run_overrides(args.steps, path, args.set)
     cfg = traingym.build_config("default", overrides=overrides)
     t0 = time.perf_counter()
     run, start = build_run(cfg, Path(args.run_dir), False, progress=False)
