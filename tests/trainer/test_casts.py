@@ -14,6 +14,14 @@ from traingym.trainer.casts import Borrowing, lending
 from traingym.trainer.logprobs import completion_logprobs
 
 
+def _tiny_run(run_dir, steps: int, engine_dtype: str, **trainer):
+    """A built colocated tiny run (no evaluations, no checkpoints) and its first step."""
+    cfg = traingym.build_config("tiny", overrides={
+        "steps": steps, "model": {"engine_dtype": engine_dtype}, "checkpoint": {"every": 0},
+        "trainer": trainer, "eval": {"before": False, "after": False}})
+    return build_run(cfg, run_dir, False, progress=False)
+
+
 def _rows(tok):
     prompts = [tuple(tok(f"What is {a} + {b}?")["input_ids"]) for a, b in [(1, 2), (13, 4)]]
     completions = [[[5, 6, 7], [8, 9]], [[10, 11, 12, 13], [14]]]
@@ -58,10 +66,7 @@ def test_tied_embedding_is_not_lent():
 
 
 def test_the_sync_lends_the_engines_own_tensors_equal_to_the_casts(tmp_path):
-    cfg = traingym.build_config("tiny", overrides={
-        "steps": 1, "model": {"engine_dtype": "bfloat16"}, "checkpoint": {"every": 0},
-        "eval": {"before": False, "after": False}})
-    run, _ = build_run(cfg, tmp_path / "run", False, progress=False)
+    run, _ = _tiny_run(tmp_path / "run", 1, "bfloat16")
     try:
         names = lending(run.trainer.model)
         lent = run.weights.lent_casts(names)
@@ -81,10 +86,7 @@ def test_a_loan_lasts_one_step(tmp_path):
     weights ends the loan, so no forward ever reads casts of older weights."""
     from traingym.loop.sync import train_loop
 
-    cfg = traingym.build_config("tiny", overrides={
-        "steps": 3, "model": {"engine_dtype": "bfloat16"}, "checkpoint": {"every": 0},
-        "trainer": {"bf16_autocast": True}, "eval": {"before": False, "after": False}})
-    run, start = build_run(cfg, tmp_path / "run", False, progress=False)
+    run, start = _tiny_run(tmp_path / "run", 3, "bfloat16", bf16_autocast=True)
     trainer, seen = run.trainer, []
     step = trainer.train_step
 
@@ -104,10 +106,7 @@ def test_a_loan_lasts_one_step(tmp_path):
 
 
 def test_a_float32_engine_lends_nothing(tmp_path):
-    cfg = traingym.build_config("tiny", overrides={
-        "steps": 1, "model": {"engine_dtype": "float32"}, "checkpoint": {"every": 0},
-        "eval": {"before": False, "after": False}})
-    run, _ = build_run(cfg, tmp_path / "run", False, progress=False)
+    run, _ = _tiny_run(tmp_path / "run", 1, "float32")
     try:
         assert run.weights.lent_casts(lending(run.trainer.model)) is None
     finally:
@@ -120,11 +119,8 @@ def test_a_run_on_borrowed_casts_trains_bitwise_as_one_on_its_own(tmp_path):
     from traingym.loop.sync import train_loop
 
     def final(lend: bool, name: str):
-        cfg = traingym.build_config("tiny", overrides={
-            "steps": 2, "model": {"engine_dtype": "bfloat16"}, "checkpoint": {"every": 0},
-            "trainer": {"bf16_autocast": True, "micro_batch_groups": 1},
-            "eval": {"before": False, "after": False}})
-        run, start = build_run(cfg, tmp_path / name, False, progress=False)
+        run, start = _tiny_run(tmp_path / name, 2, "bfloat16", bf16_autocast=True,
+                               micro_batch_groups=1)
         lent, real = [], run.trainer.lend
         if lend:
             run.trainer.lend = lambda lender: real(
