@@ -24,8 +24,8 @@ from traingym.trainer.config import TrainerConfig
 QMAPS = ("qmap1", "qmap2")  # bitsandbytes' quantization maps: constants shared by all tensors
 # StepInBackward returns the heap's free pages before stepping a parameter this large: the step's
 # temporaries (fp32 copies of its moments, for 8-bit AdamW) would otherwise land beside the
-# activations the backward pass has freed but the heap still holds (Llama-3.2-1B shape, its tied
-# embedding: 21.43 GB peak without, 18.72 GB with; benchmarks/big_models.py).
+# activations the backward pass has freed but the heap still holds (Llama-3.2-1B shape, where
+# only its tied embedding is this large: 21.43 GB peak without, 18.78 GB with; big_models.py).
 TRIM_BEFORE_STEP_BYTES = 256 << 20
 
 
