@@ -38,6 +38,7 @@ from traingym.trainer.config import TrainerConfig
 from traingym.trainer.logprobs import completion_logprobs
 from traingym.trainer.micro import micro_batches, sequence_logprobs
 from traingym.trainer.optimizers import StepInBackward, make_optimizer
+from traingym.trainer.step_changes import ChangeTracking, trackable
 from traingym.trainer.value_head import make_value_head, value_targets, values_of
 
 
@@ -82,6 +83,7 @@ class TorchTrainer:
                                         algorithm.options.value_lr_scale
                                         if self.value_head is not None else 1.0)
         self.in_backward = StepInBackward(self.optimizer) if cfg.optimizer_in_backward else None
+        self._tracking: ChangeTracking | None = None  # track_changes()
 
     def _autocast(self):
         device = next(self.model.parameters()).device.type
@@ -256,8 +258,34 @@ class TorchTrainer:
                 grad_norm = float(torch.nn.utils.get_total_norm(
                     [p.grad for p in params if p.grad is not None]))
             if math.isfinite(grad_norm):
-                self.optimizer.step()
+                (self._tracking.step if self._tracking is not None else self.optimizer.step)()
         return grad_norm
+
+    def track_changes(self, dtype: torch.dtype, version: int) -> None:
+        """The weights now are what `version` published as `dtype`: from here the optimizer
+        step records which of those values it changes, for `take_changes()` at the next
+        publish (trainer/step_changes.py). Ignored (take_changes: None) unless `dtype` is
+        narrower than the weights and the optimizer steps after the backward pass as torch's
+        fused AdamW on one process's own tensors, exported as they are (not LoRA's merge)."""
+        if self._tracking is None:
+            params = list(self.model.parameters())
+            if (not self.cfg.emit_changes or type(self).export is not TorchTrainer.export
+                    or self.in_backward is not None
+                    or self.forward_model is not self.model
+                    or not trackable(self.optimizer)
+                    or any(torch.empty(0, dtype=dtype).element_size() >= p.element_size()
+                           for p in params)):
+                return
+            names: dict = {}
+            for name, p in self.model.named_parameters(remove_duplicate=False):
+                names.setdefault(p, []).append(name)
+            self._tracking = ChangeTracking(self.optimizer, names, dtype)
+        if self._tracking.dtype == dtype:
+            self._tracking.arm(version)
+
+    def take_changes(self):
+        """The values changed since `track_changes` (weights/base.py Changed), or None."""
+        return self._tracking.take() if self._tracking is not None else None
 
     def _importance(self, trainer_B_T, engine_B_T, mask_B_T, sums: dict) -> torch.Tensor | None:
         """Importance weights (None: no correction); adds their sums to `sums`."""

@@ -1,0 +1,115 @@
+"""The optimizer step that reports which of the engine's values it changed (`ChangeTracking`), so
+the delta sync reads only those elements instead of comparing the whole model with what the
+engines hold (weights/sync.py, `changed`).
+
+torch's fused AdamW kernel steps each parameter one cache-sized chunk (`CHUNK` elements) at a
+time, on views of the parameter, its gradient and its moments; each chunk is cast to the engine's
+dtype just before and just after its step, while it is in cache, and the positions whose cast
+changed are kept (extract.changes, in C). The kernel is torch's own on the same values, so weights
+and moments are bitwise those of `optimizer.step()` (tests/trainer/test_step_changes.py). The
+positions since `arm(version)` accumulate over steps (a union) until `take()`.
+Covered: torch.optim.AdamW with fused=True (the trainer's default), without amsgrad, maximize or
+capturable, on plain CPU tensors, and an engine dtype narrower than the parameters'.
+Not covered (take() returns None and the sync compares as before): other optimizers (8-bit),
+the step inside the backward pass, data-parallel ranks, LoRA, weights changed any other way
+since `arm` (`invalidate`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.optim.adamw import adamw
+
+from traingym.weights.base import Changed
+from traingym.weights.extract import changes
+from traingym.weights.hashing import bits
+
+CHUNK = 1 << 18  # elements a step: parameter, gradient and both moments in 4 MiB (in L2/L3)
+
+
+def trackable(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `ChangeTracking` can step this optimizer exactly as its own step() would."""
+    return type(optimizer) is torch.optim.AdamW and all(
+        g.get("fused") and not (g["amsgrad"] or g["maximize"] or g["capturable"]
+                                or g["differentiable"])
+        and all(type(p.data) is torch.Tensor and p.device.type == "cpu" for p in g["params"])
+        for g in optimizer.param_groups)
+
+
+class ChangeTracking:
+    """Steps `optimizer` (trackable) a chunk at a time and keeps, per name in `names` (a
+    parameter -> its state-dict names, tied ones under each), the flat positions whose cast to
+    `dtype` changed since `arm`."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, list[str]],
+                 dtype: torch.dtype) -> None:
+        if not trackable(optimizer):
+            raise ValueError("ChangeTracking steps torch's fused AdamW only (trackable())")
+        self.optimizer, self.dtype = optimizer, dtype
+        self._names = {id(p): n for p, n in names.items()}
+        self._base: int | None = None
+        self._found: dict[int, list[np.ndarray]] = {}
+        self._before = torch.empty(CHUNK, dtype=dtype)
+        self._after = torch.empty(CHUNK, dtype=dtype)
+        self._step = torch.zeros((), dtype=torch.float32)
+
+    def arm(self, version: int) -> None:
+        """The parameters now are what `version` published: track changes from here."""
+        self._base, self._found = version, {}
+
+    def invalidate(self) -> None:
+        """The parameters changed another way: no positions until the next `arm`."""
+        self._base, self._found = None, {}
+
+    def take(self) -> Changed | None:
+        """The positions changed since `arm` (then tracking stops until the next `arm`), or None
+        where they are unknown."""
+        if self._base is None:
+            return None
+        positions = {}
+        for pid, found in self._found.items():
+            pos = found[0] if len(found) == 1 else np.unique(np.concatenate(found))
+            for name in self._names.get(pid, ()):
+                positions[name] = pos
+        out = Changed(self._base, positions)
+        self.invalidate()
+        return out
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """optimizer.step(), bitwise, recording the changed positions while armed."""
+        opt = self.optimizer
+        for group in opt.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = opt.state[p]
+                if not state:  # as torch's AdamW: a float32 step count, zero moments
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p,
+                                                           memory_format=torch.preserve_format)
+                views = [t.view(-1) for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])]
+                found = []
+                for i in range(0, p.numel(), CHUNK):
+                    chunk = [v[i : i + CHUNK] for v in views]
+                    self._step.copy_(state["step"])  # the kernel adds the step's 1 to it
+                    track = self._base is not None
+                    if track:
+                        self._before[: chunk[0].numel()].copy_(chunk[0])
+                    adamw([chunk[0]], [chunk[1]], [chunk[2]], [chunk[3]], [], [self._step],
+                          fused=True, amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
+                          weight_decay=group["weight_decay"], eps=group["eps"],
+                          maximize=False)
+                    if track:
+                        k = chunk[0].numel()
+                        self._after[:k].copy_(chunk[0])
+                        pos = changes(bits(self._before[:k]), bits(self._after[:k]))[0]
+                        if pos.size:
+                            found.append(pos + i)
+                state["step"].add_(1)
+                if self._base is not None and found:
+                    self._found.setdefault(id(p), []).append(
+                        found[0] if len(found) == 1 else np.concatenate(found))
