@@ -68,7 +68,7 @@ def main() -> None:
             t0 = time.perf_counter()
             (track.step if side == "tracked" else opt.step)()
             t1 = time.perf_counter()
-            hint = track.take().positions if side == "tracked" else None
+            hint = track.take() if side == "tracked" else None
             if side == "plain":
                 track.invalidate()
             t2 = time.perf_counter()

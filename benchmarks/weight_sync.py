@@ -350,11 +350,13 @@ def receiver_main(host: str, port: int, versions: int, threads: int) -> None:
                           "hash": sub.hash}), flush=True)
 
 
-def reported_changes(old, new) -> dict:
-    """Per tensor, the flat positions where the two bf16 states differ: what the trainer's
-    optimizer step reports (trainer/step_changes.py) for a step between them, computed here
-    before the timing (its cost inside the step: benchmarks/step_changes.py)."""
-    return {k: changed_positions(bits(old[k]), bits(new[k])) for k in old}
+def reported_changes(old, new) -> tuple[dict, dict, dict]:
+    """Per tensor, the flat positions where the two bf16 states differ and the bits there in
+    each: what the trainer's optimizer step reports (trainer/step_changes.py) for a step
+    between them, computed here before the timing (its cost inside the step:
+    benchmarks/step_changes.py)."""
+    found = {k: changes(bits(old[k]), bits(new[k])) for k in old}
+    return tuple({k: f[i] for k, f in found.items()} for i in range(3))
 
 
 def run_link(old, new, host_bind: str, connect_to: str, netns: bool,
@@ -378,12 +380,14 @@ def run_link(old, new, host_bind: str, connect_to: str, netns: bool,
     while sender.n_receivers < 1:
         time.sleep(0.05)
     results = {}
-    positions = reported_changes(old, new) if changed else None  # one set: old <-> new
+    pos, a, b = reported_changes(old, new) if changed else (None, None, None)  # old <-> new
     pub = Publisher(sender, PublisherConfig(codec="delta", anchor_budget=10.0, threads=threads))
     for v, (codec, state) in enumerate(plan):
         pub.cfg = PublisherConfig(codec=codec, anchor_budget=10.0, threads=threads)
         t0 = time.time()
-        hint = Changed(v - 1, positions) if changed and v else None
+        hint = None
+        if changed and v:  # v4 goes back from new to old
+            hint = Changed(v - 1, pos, *((b, a) if state is old else (a, b)))
         stats = pub.publish(state, v, changed=hint)
         line = json.loads(proc.stdout.readline())
         assert line["version"] == v and line["hash"] == pub.hash, line

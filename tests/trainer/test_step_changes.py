@@ -56,6 +56,21 @@ def test_tracked_step_is_bitwise_and_names_every_change(monkeypatch, chunk):
     assert tracking.take() is None  # until armed again
 
 
+def test_one_step_reports_the_values_before_and_after():
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=True)
+    tracking = ChangeTracking(opt, {p: [n] for n, p in model.named_parameters()}, torch.bfloat16)
+    before = _bf16_bits(model)
+    tracking.arm(0)
+    _grads(model, 0)
+    tracking.step()
+    changed, after = tracking.take(), _bf16_bits(model)
+    for name, pos in changed.positions.items():
+        assert np.array_equal(pos, np.flatnonzero(before[name] != after[name]))
+        assert np.array_equal(changed.old[name].view(np.int16), before[name][pos])
+        assert np.array_equal(changed.new[name].view(np.int16), after[name][pos])
+
+
 def test_only_fused_adamw_is_trackable():
     m = _model()
     assert trackable(torch.optim.AdamW(m.parameters(), fused=True))

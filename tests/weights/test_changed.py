@@ -80,3 +80,24 @@ def test_a_missed_change_fails_the_next_full_hash():
         sub.poll(0.2)
     assert sub.version == 1  # the second delta's full hash is of the true state: refused
     assert sub.stats.corrupt == 1
+
+
+def _values(old, new, positions):
+    return ({k: bits(old[k].to(torch.bfloat16))[p] for k, p in positions.items()},
+            {k: bits(new[k].to(torch.bfloat16))[p] for k, p in positions.items()})
+
+
+def test_reported_values_are_used_and_a_wrong_old_value_fails_that_delta():
+    states = _masters(2)
+    pub, sub = _pair("changed-5")
+    pub.publish(states[0], 0, cast=torch.bfloat16)
+    pos = _positions(states[0], states[1])
+    old, new = _values(states[0], states[1], pos)
+    pub.publish(states[1], 1, cast=torch.bfloat16, changed=Changed(0, pos, old, new))
+    sub.wait_for(1, 5.0)
+    assert all(torch.equal(sub.state[k], t) for k, t in _cast(states[1]).items())
+    pos = _positions(states[1], states[2])
+    old, new = _values(states[1], states[2], pos)
+    old["a"] = old["a"] ^ np.uint16(1)  # not what the engine holds there
+    pub.publish(states[2], 2, cast=torch.bfloat16, changed=Changed(1, pos, old, new))
+    assert not sub.poll(0.5) and sub.version == 1 and sub.stats.corrupt == 1

@@ -5,9 +5,10 @@ engines hold (weights/sync.py, `changed`).
 torch's fused AdamW kernel steps each parameter one cache-sized chunk (`CHUNK` elements) at a
 time, on views of the parameter, its gradient and its moments; each chunk is cast to the engine's
 dtype just before and just after its step, while it is in cache, and the positions whose cast
-changed are kept (extract.changes, in C). The kernel is torch's own on the same values, so weights
-and moments are bitwise those of `optimizer.step()` (tests/trainer/test_step_changes.py). The
-positions since `arm(version)` accumulate over steps (a union) until `take()`.
+changed are kept with their bits before and after (extract.changes, in C), so the sync reads
+neither state. The kernel is torch's own on the same values, so weights and moments are bitwise
+those of `optimizer.step()` (tests/trainer/test_step_changes.py). Over several steps since
+`arm(version)` the positions accumulate (a union) and the sync reads their values itself.
 Covered: torch.optim.AdamW with fused=True (the trainer's default), without amsgrad, maximize or
 capturable, on plain CPU tensors, and an engine dtype narrower than the parameters'.
 Not covered (take() returns None and the sync compares as before): other optimizers (8-bit),
@@ -49,30 +50,35 @@ class ChangeTracking:
         self.optimizer, self.dtype = optimizer, dtype
         self._names = {id(p): n for p, n in names.items()}
         self._base: int | None = None
-        self._found: dict[int, list[np.ndarray]] = {}
+        self._steps = 0  # steps since arm
+        self._found: dict[int, list[tuple]] = {}  # per step: (positions, old bits, new bits)
         self._before = torch.empty(CHUNK, dtype=dtype)
         self._after = torch.empty(CHUNK, dtype=dtype)
         self._step = torch.zeros((), dtype=torch.float32)
 
     def arm(self, version: int) -> None:
         """The parameters now are what `version` published: track changes from here."""
-        self._base, self._found = version, {}
+        self._base, self._steps, self._found = version, 0, {}
 
     def invalidate(self) -> None:
         """The parameters changed another way: no positions until the next `arm`."""
-        self._base, self._found = None, {}
+        self._base, self._steps, self._found = None, 0, {}
 
     def take(self) -> Changed | None:
-        """The positions changed since `arm` (then tracking stops until the next `arm`), or None
-        where they are unknown."""
+        """What changed since `arm` (then tracking stops until the next `arm`), or None where it
+        is unknown: positions, with their bits before and after where there was one step."""
         if self._base is None:
             return None
-        positions = {}
+        one = self._steps == 1
+        positions, old, new = {}, {}, {}
         for pid, found in self._found.items():
-            pos = found[0] if len(found) == 1 else np.unique(np.concatenate(found))
+            if one:
+                pos, a, b = found[0]
+            else:
+                pos, a, b = np.unique(np.concatenate([f[0] for f in found])), None, None
             for name in self._names.get(pid, ()):
-                positions[name] = pos
-        out = Changed(self._base, positions)
+                positions[name], old[name], new[name] = pos, a, b
+        out = Changed(self._base, positions, *((old, new) if one else (None, None)))
         self.invalidate()
         return out
 
@@ -106,10 +112,13 @@ class ChangeTracking:
                     if track:
                         k = chunk[0].numel()
                         self._after[:k].copy_(chunk[0])
-                        pos = changes(bits(self._before[:k]), bits(self._after[:k]))[0]
+                        pos, a, b = changes(bits(self._before[:k]), bits(self._after[:k]))
                         if pos.size:
-                            found.append(pos + i)
+                            found.append((pos + i, a, b))
                 state["step"].add_(1)
                 if self._base is not None and found:
                     self._found.setdefault(id(p), []).append(
-                        found[0] if len(found) == 1 else np.concatenate(found))
+                        found[0] if len(found) == 1 else
+                        tuple(np.concatenate(x) for x in zip(*found)))
+        if self._base is not None:
+            self._steps += 1

@@ -27,6 +27,7 @@ import zstandard
 from traingym.weights import entropy, lthash, native, tiered
 from traingym.weights.base import (
     BaseMismatch,
+    Changed,
     IntegrityError,
     Payload,
     State,
@@ -88,6 +89,14 @@ class FullCodec:
         return apply(None, payload)
 
 
+def _hint(changed: Changed, name: str) -> tuple:
+    """(positions or None, (old bits, new bits) or None) of `name` in `changed`."""
+    pos = changed.positions.get(name)
+    if pos is None or changed.old is None or changed.new is None:
+        return pos, None
+    return pos, (changed.old[name], changed.new[name])
+
+
 class DeltaCodec:
     """Tiered or sparse / xor / raw per tensor, whichever is smallest. zstd `level` for the
     zstd parts. With `threads` > 1 the state is cut into that many runs of about equal bytes
@@ -107,15 +116,15 @@ class DeltaCodec:
     def encode_changes(self, old: State | None, new: State, with_sum: bool = True,
                        cast: torch.dtype | None = None,
                        link_s_per_byte: float | None = None,
-                       changed: dict | None = None) -> tuple[Payload, Changes]:
+                       changed: Changed | None = None) -> tuple[Payload, Changes]:
         """The payload and its changes (the additive hash's movement, the changed elements), so the
         sender updates its hash and shadow in O(changes). With `cast`, `new` holds the trainer's
         tensors and the target is their cast: each piece is cast and compared in one pass
         (`extract.cast_changes`), without a whole cast copy unless xor/raw may code it.
         `link_s_per_byte` (None: fewest bytes) lets a tensor take a tier only where the bytes
-        saved take longer to send than its passes (tiered.scan_bits). `changed` (base.Changed's
-        positions) names where changes may be: only those elements are read (extract.
-        changes_at), no comparison pass over the state."""
+        saved take longer to send than its passes (tiered.scan_bits). `changed` names where
+        changes may be: only those elements are read, or none where it holds their values
+        (extract.changes_at); no comparison pass over the state."""
         if old is None:
             raise ValueError("delta needs a base state; send a full update first")
         if set(old) != set(new):
@@ -131,7 +140,7 @@ class DeltaCodec:
         def run(pieces):
             zc = zstandard.ZstdCompressor(level=self.level)
             return [self._piece(name, old[name], new[name], start, stop, whole, zc, with_sum,
-                                cast, scan, _NO_HINT if changed is None else changed.get(name))
+                                cast, scan, _NO_HINT if changed is None else _hint(changed, name))
                     for name, start, stop in pieces]
 
         out, changes = _Builder(), Changes()
@@ -154,8 +163,8 @@ class DeltaCodec:
         a = a[start:stop]
         b = None
         if hint is not _NO_HINT:
-            pos, a_pos, b_pos = changes_at(t.detach().reshape(-1)[start:stop], a, cast, hint,
-                                           start)
+            pos, a_pos, b_pos = changes_at(t.detach().reshape(-1)[start:stop], a, cast, hint[0],
+                                           start, hint[1])
         elif cast is None:
             b = bits(t)[start:stop]
             pos, a_pos, b_pos = changes(a, b)

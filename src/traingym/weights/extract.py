@@ -57,20 +57,27 @@ def cast_changes(master: torch.Tensor, old: np.ndarray, dtype: torch.dtype):
 
 
 def changes_at(master: torch.Tensor, old: np.ndarray, dtype: torch.dtype | None,
-               positions: np.ndarray | None, start: int = 0):
+               positions: np.ndarray | None, start: int = 0, values=None):
     """`cast_changes` (or `changes`, with dtype None) read at the sorted flat `positions` of the
     whole tensor (None: none) that fall in this piece, [start, start + old.size): O(positions),
-    the rest of the piece is taken as unchanged. Positions whose value is the same are dropped."""
+    the rest of the piece is taken as unchanged; `values` (old bits, new bits there, aligned
+    with `positions`) spares reading both states. Positions whose value is the same are
+    dropped."""
     if positions is None or positions.size == 0:
         return np.zeros(0, np.int64), old[:0].copy(), old[:0].copy()
     lo, hi = np.searchsorted(positions, [start, start + old.size])
     pos = positions[lo:hi] - start
     if pos.size and (pos[0] < 0 or pos[-1] >= old.size):
         raise ValueError("changed positions out of range")
-    a_pos = old[pos]
-    new = master[torch.from_numpy(pos)]
-    b_pos = bits(new.to(dtype) if dtype is not None else new)
+    if values is not None:
+        a_pos, b_pos = (v[lo:hi].view(old.dtype) for v in values)
+    else:
+        a_pos = np.take(old, pos)
+        new = torch.index_select(master, 0, torch.from_numpy(pos))
+        b_pos = bits(new.to(dtype) if dtype is not None else new)
     keep = a_pos != b_pos
+    if keep.all():  # as the optimizer step reports them: no copies
+        return pos, a_pos, b_pos
     return pos[keep], a_pos[keep], b_pos[keep]
 
 

@@ -145,7 +145,7 @@ class Publisher:
             reason = "auto:full-faster"
         payload, changes, full_hash, wire, phases = None, None, "", None, {}
         if reason == "delta":
-            hint = changed.positions if changed and changed.base == self.version else None
+            hint = changed if changed is not None and changed.base == self.version else None
             self._hinted = self._hinted or hint is not None
             payload, changes = self.delta.encode_changes(
                 self._shadow, state, cast=cast, link_s_per_byte=self._link_s_per_byte,
