@@ -3,10 +3,11 @@ the delta sync reads only those elements instead of comparing the whole model wi
 engines hold (weights/sync.py, `changed`).
 
 torch's fused AdamW kernel steps each parameter one cache-sized chunk (`CHUNK` elements) at a
-time, on views of the parameter, its gradient and its moments; each chunk is cast to the engine's
-dtype just before and just after its step, while it is in cache, and the positions whose cast
-changed are kept with their bits before and after (extract.changes, in C), so the sync reads
-neither state. The kernel is torch's own on the same values, so weights and moments are bitwise
+time, on views of the parameter, its gradient and its moments; each chunk is copied just before
+its step, while it is in cache, and the positions whose cast to the engine's dtype changed are
+kept with the cast bits before and after, so the sync reads neither state. For fp32 weights and
+a bf16 engine one C pass rounds and compares both (native.bf16_changes); otherwise torch casts
+both and extract.changes compares them. A NaN in a weight stops the record (the sync compares). The kernel is torch's own on the same values, so weights and moments are bitwise
 those of `optimizer.step()` (tests/trainer/test_step_changes.py). Over several steps since
 `arm(version)` the positions accumulate (a union) and the sync reads their values itself.
 Covered: torch.optim.AdamW with fused=True (the trainer's default), without amsgrad, maximize or
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 from torch.optim.adamw import adamw
 
+from traingym.weights import native
 from traingym.weights.base import Changed
 from traingym.weights.extract import changes
 from traingym.weights.hashing import bits
@@ -54,11 +56,13 @@ class ChangeTracking:
         self._found: dict[int, list[tuple]] = {}  # per step: (positions, old bits, new bits)
         self._before = torch.empty(CHUNK, dtype=dtype)
         self._after = torch.empty(CHUNK, dtype=dtype)
+        self._before32 = torch.empty(CHUNK, dtype=torch.float32)
+        self._lost = False  # a NaN: what changed is not known until the next arm
         self._step = torch.zeros((), dtype=torch.float32)
 
     def arm(self, version: int) -> None:
         """The parameters now are what `version` published: track changes from here."""
-        self._base, self._steps, self._found = version, 0, {}
+        self._base, self._steps, self._found, self._lost = version, 0, {}, False
 
     def invalidate(self) -> None:
         """The parameters changed another way: no positions until the next `arm`."""
@@ -67,7 +71,8 @@ class ChangeTracking:
     def take(self) -> Changed | None:
         """What changed since `arm` (then tracking stops until the next `arm`), or None where it
         is unknown: positions, with their bits before and after where there was one step."""
-        if self._base is None:
+        if self._base is None or self._lost:
+            self.invalidate()
             return None
         one = self._steps == 1
         positions, old, new = {}, {}, {}
@@ -98,25 +103,33 @@ class ChangeTracking:
                     state["exp_avg_sq"] = torch.zeros_like(p,
                                                            memory_format=torch.preserve_format)
                 views = [t.view(-1) for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])]
+                track = self._base is not None and not self._lost
+                fast = (track and self.dtype == torch.bfloat16 and p.dtype == torch.float32
+                        and native.lib is not None)
                 found = []
                 for i in range(0, p.numel(), CHUNK):
                     chunk = [v[i : i + CHUNK] for v in views]
+                    k = chunk[0].numel()
                     self._step.copy_(state["step"])  # the kernel adds the step's 1 to it
-                    track = self._base is not None
                     if track:
-                        self._before[: chunk[0].numel()].copy_(chunk[0])
+                        (self._before32 if fast else self._before)[:k].copy_(chunk[0])
                     adamw([chunk[0]], [chunk[1]], [chunk[2]], [chunk[3]], [], [self._step],
                           fused=True, amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
                           weight_decay=group["weight_decay"], eps=group["eps"],
                           maximize=False)
-                    if track:
-                        k = chunk[0].numel()
+                    if not track:
+                        continue
+                    if fast:
+                        got = native.bf16_changes(self._before32[:k].numpy(), chunk[0].numpy())
+                    else:
                         self._after[:k].copy_(chunk[0])
-                        pos, a, b = changes(bits(self._before[:k]), bits(self._after[:k]))
-                        if pos.size:
-                            found.append((pos + i, a, b))
+                        got = changes(bits(self._before[:k]), bits(self._after[:k]))
+                    if got is None:  # a NaN
+                        self._lost = track = fast = False
+                    elif got[0].size:
+                        found.append((got[0] + i, got[1], got[2]))
                 state["step"].add_(1)
-                if self._base is not None and found:
+                if track and found:
                     self._found.setdefault(id(p), []).append(
                         found[0] if len(found) == 1 else
                         tuple(np.concatenate(x) for x in zip(*found)))
