@@ -105,7 +105,7 @@ class ChangeTracking:
                 views = [t.view(-1) for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])]
                 track = self._base is not None and not self._lost
                 fast = (track and self.dtype == torch.bfloat16 and p.dtype == torch.float32
-                        and native.lib is not None)
+                        and hasattr(native.lib, "bf16_changes"))
                 found = []
                 for i in range(0, p.numel(), CHUNK):
                     chunk = [v[i : i + CHUNK] for v in views]
