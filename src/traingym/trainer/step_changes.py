@@ -7,9 +7,12 @@ time, on views of the parameter, its gradient and its moments; each chunk is cop
 its step, while it is in cache, and the positions whose cast to the engine's dtype changed are
 kept with the cast bits before and after, so the sync reads neither state. For fp32 weights and
 a bf16 engine one C pass rounds and compares both (native.bf16_changes); otherwise torch casts
-both and extract.changes compares them. A NaN in a weight stops the record (the sync compares). The kernel is torch's own on the same values, so weights and moments are bitwise
-those of `optimizer.step()` (tests/trainer/test_step_changes.py). Over several steps since
+both and extract.changes compares them. A NaN in a weight stops the record (the sync compares).
+The kernel is torch's own on the same values, so weights and moments are bitwise those of
+`optimizer.step()` (tests/trainer/test_step_changes.py). Over several steps since
 `arm(version)` the positions accumulate (a union) and the sync reads their values itself.
+Measured (benchmarks/step_changes.py): on 2 cores the record costs the step about what it saves
+the sync's comparison pass, so `trainer.emit_changes` is off by default.
 Covered: torch.optim.AdamW with fused=True (the trainer's default), without amsgrad, maximize or
 capturable, on plain CPU tensors, and an engine dtype narrower than the parameters'.
 Not covered (take() returns None and the sync compares as before): other optimizers (8-bit),
