@@ -37,8 +37,8 @@ class TrainerConfig(Strict):
         False, description="the optimizer step records which of the engine's (narrower-dtype) "
         "values it changes, and their values, so the delta weight sync reads neither state "
         "instead of comparing the whole model; weights and moments are bitwise the same "
-        "(trainer/step_changes.py). Off by default: on this project's 2-core CPU the record "
-        "costs the step about what it saves the sync (benchmarks/step_changes.py). Applies to "
+        "(trainer/step_changes.py). Off by default: on a CPU the record costs the step more "
+        "than it saves the sync (benchmarks/step_changes.py). Applies to "
         "'adamw' stepped after the backward pass on one rank, not LoRA")
     bf16_autocast: bool | Literal["auto"] = Field(
         "auto", description="bf16 autocast for forward/backward (master weights and optimizer "

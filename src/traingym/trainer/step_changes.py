@@ -11,8 +11,8 @@ both and extract.changes compares them. A NaN in a weight stops the record (the 
 The kernel is torch's own on the same values, so weights and moments are bitwise those of
 `optimizer.step()` (tests/trainer/test_step_changes.py). Over several steps since
 `arm(version)` the positions accumulate (a union) and the sync reads their values itself.
-Measured (benchmarks/step_changes.py): on 2 cores the record costs the step about what it saves
-the sync's comparison pass, so `trainer.emit_changes` is off by default.
+Measured (benchmarks/step_changes.py, 134.5M parameters, one thread): the record adds 0.22 s to
+the step and saves the sync's encode 0.16 s, so `trainer.emit_changes` is off by default.
 Covered: torch.optim.AdamW with fused=True (the trainer's default), without amsgrad, maximize or
 capturable, on plain CPU tensors, and an engine dtype narrower than the parameters'.
 Not covered (take() returns None and the sync compares as before): other optimizers (8-bit),
