@@ -9,6 +9,9 @@ In-flight updates: with `between_steps` set, it is called before every decode fo
 later tokens come from the new weights, each completion records per-token versions, and the earlier
 KV cache is kept (as PipelineRL does). Step-level decoding for `traingym serve` is `step_decoder()`
 (rollout/continuous.py).
+Mixture-of-experts models (models/moe.py: Qwen3-MoE, Mixtral) decode through the HF forward and
+each completion carries its routes (`Completion.routes`: every prompt and completion position
+the engine ran, the experts of each MoE layer), for routing replay in the trainer.
 Not covered: stop strings (stop token ids only), speculative decoding, paged attention.
 """
 
@@ -26,6 +29,7 @@ from transformers import DynamicCache
 from traingym.core.padding import left_pad, repeat_cache_rows
 from traingym.core.precision import engine_dtype
 from traingym.core.types import Completion, GenerationRequest, SamplingParams
+from traingym.models import moe
 from traingym.models.scoring import contiguous_head_input, row_logits, token_logprobs
 from traingym.rollout.base import EngineAbilities
 from traingym.rollout.continuous import StepDecoder
@@ -71,7 +75,7 @@ class TorchEngine:
 
     abilities = EngineAbilities(takes_weights=True, inflight_updates=True,
                                 crosses_processes=True, scores_tokens=True,
-                                scores_at_any_temperature=True)
+                                scores_at_any_temperature=True, reports_routes=True)
 
     @classmethod
     def from_context(cls, ctx, model, tokenizer, options: Options) -> TorchEngine:
@@ -95,6 +99,9 @@ class TorchEngine:
         self.between_steps: Callable[[], None] | None = None
         # The fused decode path (rollout/fused_decoder.py) where the architecture allows it.
         self.fused = FusedDecoder(self.model) if fused and supports(self.model) else None
+        routers = moe.routers(self.model)  # a mixture of experts: record each sample's routes
+        self.route_dtype = (moe.route_dtype(routers[0].num_experts)
+                            if routers and self.fused is None else None)
         # per instance: step-level decoding (continuous batching) needs the fused path
         self.abilities = dataclasses.replace(TorchEngine.abilities,
                                              step_decoding=self.fused is not None)
@@ -221,6 +228,20 @@ class TorchEngine:
 
     @torch.no_grad()
     def _run(self, requests: list[GenerationRequest], params: SamplingParams):
+        if self.route_dtype is None:
+            return self._decode(requests, params)
+        with moe.routing(self.model) as log:
+            out = self._decode(requests, params)
+        routes = iter(moe.engine_routes(log, [len(r.prompt_ids) for r in requests],
+                                        [r.n for r in requests],
+                                        [len(c.token_ids) for cs in out for c in cs],
+                                        self.route_dtype))
+        for comps in out:
+            for c in comps:
+                c.routes = next(routes)
+        return out
+
+    def _decode(self, requests: list[GenerationRequest], params: SamplingParams):
         device = next(self.model.parameters()).device
         ids_P_T, mask_P_T = left_pad([r.prompt_ids for r in requests], self.pad_token_id, device)
         pos_P_T = (mask_P_T.cumsum(-1) - 1).clamp(min=0)
