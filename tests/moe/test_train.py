@@ -1,0 +1,57 @@
+"""A tiny Qwen3-MoE (tests/moe_tiny.py, saved as a Hugging Face folder) trains end to end
+through `traingym.train` with model.path set to it: sync mode, the built-in engine (its HF
+forward records routes), 3 steps, and every step's event carries the route mismatch; with
+algorithm.routing_replay it is 0. A config asking for replay from an engine that reports no
+routes is refused before any work."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from moe_tiny import save_tiny_moe  # tests/ is on sys.path (tests/conftest.py)
+
+import traingym
+from traingym.core.errors import ConfigError
+from traingym.observability.events import read_events
+from traingym.observability.schema import check_step
+
+
+@pytest.fixture(scope="module")
+def moe_path(tmp_path_factory):
+    return save_tiny_moe(tmp_path_factory.mktemp("moe"), "qwen3_moe")
+
+
+def _train(moe_path, tmp_path, replay: bool):
+    cfg = traingym.build_config("tiny", overrides={
+        "steps": 3, "threads": 1, "model": {"path": moe_path},
+        "eval": {"before": False, "after": False},
+        "algorithm": {"routing_replay": replay}})
+    traingym.train(cfg, run_dir=tmp_path / "run", progress=False)
+    return read_events(tmp_path / "run")
+
+
+def test_sync_run_with_routing_replay_trains_and_reports_route_mismatch(moe_path, tmp_path):
+    events = _train(moe_path, tmp_path, replay=True)
+    assert [e["step"] for e in events] == [1, 2, 3]
+    trained = [e for e in events if e["trained_tokens"]]
+    assert trained, "no step trained"
+    for e in trained:
+        assert check_step(e) == [], check_step(e)
+        assert e["moe_route_mismatch"] == 0.0, e
+        assert 0.0 <= e["moe_router_mismatch"] <= 1.0
+        assert e["mismatch_abs_logp"] < 1e-4 and math.isfinite(e["grad_norm"])
+
+
+def test_without_replay_the_mismatch_is_measured(moe_path, tmp_path):
+    events = _train(moe_path, tmp_path, replay=False)
+    trained = [e for e in events if e["trained_tokens"]]
+    assert trained and all(e["moe_route_mismatch"] == e["moe_router_mismatch"]
+                           for e in trained)
+
+
+def test_replay_with_an_engine_that_reports_no_routes_is_refused(moe_path):
+    with pytest.raises(ConfigError, match="does not report routes.*use 'torch'"):
+        traingym.build_config("tiny", overrides={
+            "model": {"path": moe_path}, "rollout": {"engine": "vllm"},
+            "algorithm": {"routing_replay": True}})
