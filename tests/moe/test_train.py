@@ -1,8 +1,8 @@
 """A tiny Qwen3-MoE (tests/moe_tiny.py, saved as a Hugging Face folder) trains end to end
 through `traingym.train` with model.path set to it: sync mode, the built-in engine (its HF
 forward records routes), 3 steps, and every step's event carries the route mismatch; with
-algorithm.routing_replay it is 0. A config asking for replay from an engine that reports no
-routes is refused before any work."""
+algorithm.routing_replay it is 0, also with engine processes (async) and two ranks. A config
+asking for replay from an engine that reports no routes is refused before any work."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ def moe_path(tmp_path_factory):
     return save_tiny_moe(tmp_path_factory.mktemp("moe"), "qwen3_moe")
 
 
-def _train(moe_path, tmp_path, replay: bool):
+def _train(moe_path, tmp_path, replay: bool, steps: int = 3, **over):
     cfg = traingym.build_config("tiny", overrides={
-        "steps": 3, "threads": 1, "model": {"path": moe_path},
+        "steps": steps, "threads": 1, "model": {"path": moe_path},
         "eval": {"before": False, "after": False},
-        "algorithm": {"routing_replay": replay}})
+        "algorithm": {"routing_replay": replay}, **over})
     traingym.train(cfg, run_dir=tmp_path / "run", progress=False)
     return read_events(tmp_path / "run")
 
@@ -48,6 +48,20 @@ def test_without_replay_the_mismatch_is_measured(moe_path, tmp_path):
     trained = [e for e in events if e["trained_tokens"]]
     assert trained and all(e["moe_route_mismatch"] == e["moe_router_mismatch"]
                            for e in trained)
+
+
+@pytest.mark.parametrize("over", [
+    {"mode": "async", "weights": {"transport": "tcp"}, "async": {"engine_timeout_s": 60.0}},
+    {"trainer": {"data_parallel": 2}}], ids=["async", "data_parallel"])
+def test_replay_in_async_mode_and_with_data_parallel_ranks(moe_path, tmp_path, over):
+    """Routes cross from engine processes (async) and to a second rank (DDP); the counts of
+    both ranks add up to one fraction."""
+    events = _train(moe_path, tmp_path, replay=True, steps=2, **over)
+    trained = [e for e in events if e["trained_tokens"]]
+    assert trained
+    for e in trained:
+        assert check_step(e) == [], check_step(e)
+        assert e["moe_route_mismatch"] == 0.0 and 0.0 <= e["moe_router_mismatch"] <= 1.0
 
 
 def test_replay_with_an_engine_that_reports_no_routes_is_refused(moe_path):
