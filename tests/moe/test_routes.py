@@ -88,12 +88,14 @@ def test_route_dtype():
     assert moe.route_dtype(128) == "uint8" and moe.route_dtype(257) == "int16"
 
 
-def test_engine_completions_carry_the_routes_of_each_position(tiny):
-    """Every completion's routes equal those of one unpadded forward over its prompt and
-    tokens but the last (fp32; the router weights' std 1 keeps choices clear of ties)."""
+@pytest.mark.parametrize("fused", [False, True], ids=["hf", "fused"])
+def test_engine_completions_carry_the_routes_of_each_position(tiny, fused):
+    """Every completion's routes equal those of one unpadded HF forward over its prompt and
+    tokens but the last (fp32; the router weights' std 1 keeps choices clear of ties), on the
+    HF decode path and on the fused one (rollout/fused_moe.py)."""
     model, tok = tiny
-    engine = TorchEngine(copy.deepcopy(model), tok.pad_token_id)
-    assert engine.fused is None and engine.abilities.reports_routes
+    engine = TorchEngine(copy.deepcopy(model), tok.pad_token_id, fused=fused)
+    assert (engine.fused is not None) == fused and engine.abilities.reports_routes
     params = SamplingParams(temperature=1.0, max_new_tokens=6)
     reqs = [GenerationRequest((5, 9, 11, 4), n=3, params=params, seed=1),
             GenerationRequest((7, 8), n=2, params=params, seed=2)]

@@ -128,17 +128,18 @@ def differing(a_N_L_K: torch.Tensor, b_N_L_K: torch.Tensor, valid_N: torch.Tenso
     return int(diff_N_L.sum()), int(valid_N.sum()) * a.shape[1]
 
 
-def engine_routes(log: RouteLog, prompt_lens: list[int], ns: list[int],
+def engine_routes(calls: list[torch.Tensor], prompt_lens: list[int], ns: list[int],
                   lengths: list[int], dtype: np.dtype) -> list[np.ndarray]:
     """Per completion row (prompt-major, `ns[p]` rows of prompt p, `lengths[b]` tokens), its
-    routes as the built-in engine's HF decode ran them: call 0 the left-padded prefill of
-    every prompt (P, T), call j >= 1 the decode forward of completion token j - 1 (B rows).
+    routes as the built-in engine's decode ran them, from each forward call's (N, L, k) ids
+    (RouteLog.chosen, or the fused decoder's): call 0 the left-padded prefill of every prompt
+    (P, T), call j >= 1 the decode forward of completion token j - 1 (B rows).
     Row b gets its prompt's positions, then its tokens but the last (never forwarded):
     (len(prompt) + lengths[b] - 1, L, k)."""
     P = len(prompt_lens)
-    prefill = log.chosen[0].reshape(P, -1, *log.chosen[0].shape[1:]).cpu()
+    prefill = calls[0].reshape(P, -1, *calls[0].shape[1:]).cpu()
     T = prefill.shape[1]
-    steps = (torch.stack(log.chosen[1:], 1).cpu() if len(log.chosen) > 1
+    steps = (torch.stack(calls[1:], 1).cpu() if len(calls) > 1
              else torch.zeros(sum(ns), 0, *prefill.shape[2:], dtype=prefill.dtype))
     out, b = [], 0
     for p, (n, plen) in enumerate(zip(ns, prompt_lens)):

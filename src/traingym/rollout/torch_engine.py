@@ -9,9 +9,9 @@ In-flight updates: with `between_steps` set, it is called before every decode fo
 later tokens come from the new weights, each completion records per-token versions, and the earlier
 KV cache is kept (as PipelineRL does). Step-level decoding for `traingym serve` is `step_decoder()`
 (rollout/continuous.py).
-Mixture-of-experts models (models/moe.py: Qwen3-MoE, Mixtral) decode through the HF forward and
-each completion carries its routes (`Completion.routes`: every prompt and completion position
-the engine ran, the experts of each MoE layer), for routing replay in the trainer.
+Mixture-of-experts models (models/moe.py: Qwen3-MoE, Mixtral; fused: rollout/fused_moe.py): each
+completion carries its routes (`Completion.routes`: the experts of each MoE layer at every prompt
+and completion position the engine ran), for routing replay in the trainer.
 Not covered: stop strings (stop token ids only), speculative decoding, paged attention.
 """
 
@@ -100,8 +100,7 @@ class TorchEngine:
         # The fused decode path (rollout/fused_decoder.py) where the architecture allows it.
         self.fused = FusedDecoder(self.model) if fused and supports(self.model) else None
         routers = moe.routers(self.model)  # a mixture of experts: record each sample's routes
-        self.route_dtype = (moe.route_dtype(routers[0].num_experts)
-                            if routers and self.fused is None else None)
+        self.route_dtype = moe.route_dtype(routers[0].num_experts) if routers else None
         # per instance: step-level decoding (continuous batching) needs the fused path
         self.abilities = dataclasses.replace(TorchEngine.abilities,
                                              step_decoding=self.fused is not None)
@@ -230,9 +229,17 @@ class TorchEngine:
     def _run(self, requests: list[GenerationRequest], params: SamplingParams):
         if self.route_dtype is None:
             return self._decode(requests, params)
-        with moe.routing(self.model) as log:
-            out = self._decode(requests, params)
-        routes = iter(moe.engine_routes(log, [len(r.prompt_ids) for r in requests],
+        if self.fused is not None:  # it records the experts it chose
+            self.fused.routes = []
+            try:
+                out = self._decode(requests, params)
+            finally:
+                calls, self.fused.routes = self.fused.routes, None
+        else:
+            with moe.routing(self.model) as log:
+                out = self._decode(requests, params)
+            calls = log.chosen
+        routes = iter(moe.engine_routes(calls, [len(r.prompt_ids) for r in requests],
                                         [r.n for r in requests],
                                         [len(c.token_ids) for cs in out for c in cs],
                                         self.route_dtype))
