@@ -108,3 +108,30 @@ def test_engine_completions_carry_the_routes_of_each_position(tiny, fused):
             model(input_ids=torch.tensor([list(c.prompt_ids) + c.token_ids[:-1]]))
         want = log.chosen[0].sort(-1).values
         assert torch.equal(torch.from_numpy(c.routes).long().sort(-1).values, want)
+
+
+def test_a_multi_turn_sample_carries_its_last_turns_routes_over_the_whole_context(tiny):
+    from traingym.envs.transcript import Transcript
+
+    model, tok = tiny
+    engine = TorchEngine(copy.deepcopy(model), tok.pad_token_id)
+    params = SamplingParams(temperature=1.0, max_new_tokens=4)
+    prompt = (5, 9, 11, 4)
+    first = engine.generate_sync([GenerationRequest(prompt, 1, params, seed=1)])[0][0]
+    t = Transcript(prompt)
+    t.add_policy(first)
+    t.add_env([7, 8, 3])
+    second = engine.generate_sync([GenerationRequest(t.context, 1, params, seed=2)])[0][0]
+    t.add_policy(second)
+    sample = t.to_sample({}, tok, "", "length")
+    assert sample.routes is second.routes
+    assert len(sample.routes) == len(prompt) + len(sample.completion_ids) - 1
+
+
+def test_a_sample_refuses_routes_beyond_its_tokens():
+    import numpy as np
+
+    from traingym.core.types import Sample
+
+    with pytest.raises(ValueError, match="routes for 4 positions"):
+        Sample((1, 2), [3], [0.0], [0], {}, routes=np.zeros((4, 2, 2), np.uint8))

@@ -1,8 +1,9 @@
 """A tiny Qwen3-MoE (tests/moe_tiny.py, saved as a Hugging Face folder) trains end to end
-through `traingym.train` with model.path set to it: sync mode, the built-in engine (its HF
-forward records routes), 3 steps, and every step's event carries the route mismatch; with
-algorithm.routing_replay it is 0, also with engine processes (async) and two ranks. A config
-asking for replay from an engine that reports no routes is refused before any work."""
+through `traingym.train` with model.path set to it: sync mode, the built-in engine (its fused
+MoE decode records routes), 3 steps, and every step's event carries the route mismatch; with
+algorithm.routing_replay it is 0, also with engine processes (async), two ranks, multi-turn
+episodes and LoRA. A config asking for replay from an engine that reports no routes is
+refused before any work."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from moe_tiny import save_tiny_moe  # tests/ is on sys.path (tests/conftest.py)
 
 import traingym
 from traingym.core.errors import ConfigError
+from traingym.envs.multi_turn import MultiTurnEnv, Reply
 from traingym.observability.events import read_events
 from traingym.observability.schema import check_step
 
@@ -22,13 +24,24 @@ def moe_path(tmp_path_factory):
     return save_tiny_moe(tmp_path_factory.mktemp("moe"), "qwen3_moe")
 
 
-def _train(moe_path, tmp_path, replay: bool, steps: int = 3, **over):
+def _train(moe_path, tmp_path, replay: bool, steps: int = 3, train_kw=None, **over):
     cfg = traingym.build_config("tiny", overrides={
         "steps": steps, "threads": 1, "model": {"path": moe_path},
         "eval": {"before": False, "after": False},
         "algorithm": {"routing_replay": replay}, **over})
-    traingym.train(cfg, run_dir=tmp_path / "run", progress=False)
+    traingym.train(cfg, run_dir=tmp_path / "run", progress=False, **(train_kw or {}))
     return read_events(tmp_path / "run")
+
+
+class Again(MultiTurnEnv):
+    """Asks again after every turn; rewards digits, so groups differ and get trained on."""
+
+    async def respond(self, text: str) -> Reply:
+        return Reply(messages=[{"role": "user", "content": "Again."}],
+                     reward=sum(c.isdigit() for c in text) / max(len(text), 1))
+
+
+ROWS = [{"prompt": f"What is {a} + {b}?", "answer": a + b} for a in range(8) for b in range(8)]
 
 
 def test_sync_run_with_routing_replay_trains_and_reports_route_mismatch(moe_path, tmp_path):
@@ -62,6 +75,22 @@ def test_replay_in_async_mode_and_with_data_parallel_ranks(moe_path, tmp_path, o
     for e in trained:
         assert check_step(e) == [], check_step(e)
         assert e["moe_route_mismatch"] == 0.0 and 0.0 <= e["moe_router_mismatch"] <= 1.0
+
+
+@pytest.mark.parametrize("kind", ["multi_turn", "lora"])
+def test_replay_in_multi_turn_episodes_and_with_lora(moe_path, tmp_path, kind):
+    """Multi-turn: the last turn's routes cover the whole context (models/moe.py), environment
+    tokens included; LoRA: the routers are found through the adapter wrapper."""
+    if kind == "multi_turn":
+        events = _train(moe_path, tmp_path, True, 2, {"env": Again, "dataset": ROWS},
+                        rollout={"max_turns": 3})
+        assert all(e["turns_mean"] == 3.0 for e in events)
+    else:
+        events = _train(moe_path, tmp_path, True, 2, lora={"rank": 4})
+    trained = [e for e in events if e["trained_tokens"]]
+    assert trained
+    for e in trained:
+        assert e["moe_route_mismatch"] == 0.0 and e["mismatch_abs_logp"] < 1e-4, e
 
 
 def test_replay_with_an_engine_that_reports_no_routes_is_refused(moe_path):
