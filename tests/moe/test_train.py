@@ -1,13 +1,17 @@
 """A tiny Qwen3-MoE (tests/moe_tiny.py, saved as a Hugging Face folder) trains end to end
-through `traingym.train` with model.path set to it: sync mode, the built-in engine (its fused
-MoE decode records routes), 3 steps, and every step's event carries the route mismatch; with
-algorithm.routing_replay it is 0, also with engine processes (async), two ranks, multi-turn
-episodes and LoRA. A config asking for replay from an engine that reports no routes is
-refused before any work."""
+through `traingym train --set model.path=...` (and `traingym.train`): sync mode, the built-in
+engine (its fused MoE decode records routes), 3 steps, and every step's event carries the
+route mismatch; with algorithm.routing_replay it is 0, also with engine processes (async), two
+ranks, multi-turn episodes and LoRA. A config asking for replay from an engine that reports no
+routes is refused before any work."""
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from moe_tiny import save_tiny_moe  # tests/ is on sys.path (tests/conftest.py)
@@ -44,8 +48,17 @@ class Again(MultiTurnEnv):
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": a + b} for a in range(8) for b in range(8)]
 
 
-def test_sync_run_with_routing_replay_trains_and_reports_route_mismatch(moe_path, tmp_path):
-    events = _train(moe_path, tmp_path, replay=True)
+def test_cli_sync_run_with_routing_replay_trains_and_reports_route_mismatch(moe_path,
+                                                                            tmp_path):
+    src = str(Path(traingym.__file__).resolve().parents[1])  # this checkout's traingym
+    p = subprocess.run([sys.executable, "-m", "traingym.cli", "train", "--preset", "tiny",
+                        "--set", f"model.path={moe_path}", "--set",
+                        "algorithm.routing_replay=true", "--set", "steps=3", "--set",
+                        "eval.before=false", "--set", "eval.after=false", "--run-dir",
+                        str(tmp_path / "run")], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": src})
+    assert p.returncode == 0, p.stderr
+    events = read_events(tmp_path / "run")
     assert [e["step"] for e in events] == [1, 2, 3]
     trained = [e for e in events if e["trained_tokens"]]
     assert trained, "no step trained"
