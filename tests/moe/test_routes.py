@@ -85,7 +85,7 @@ def test_a_dense_model_has_no_routers():
 
 
 def test_route_dtype():
-    assert moe.route_dtype(128) == "uint8" and moe.route_dtype(257) == "int16"
+    assert moe.route_dtype(128) == torch.uint8 and moe.route_dtype(257) == torch.int16
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["hf", "fused"])

@@ -43,15 +43,17 @@ def routers(model) -> list[torch.nn.Module]:
     return [m for m in inner.modules() if type(m).__name__ == name]
 
 
-def route_dtype(num_experts: int) -> np.dtype:
-    """The smallest integer type holding every expert id."""
-    return np.dtype(np.uint8) if num_experts <= 256 else np.dtype(np.int16)
+def route_dtype(num_experts: int) -> torch.dtype:
+    """The smallest integer type holding every expert id: routes are kept in it from the
+    forward on (a long per id would be 8 times the memory over a long decode)."""
+    return torch.uint8 if num_experts <= 256 else torch.int16
 
 
 @dataclass
 class RouteLog:
     """What `routing` saw: per forward call, (N, L, k) expert ids (N = rows x positions of that
-    call, flattened as the model flattens them; L = MoE layers), on the model's device."""
+    call, flattened as the model flattens them; L = MoE layers), on the model's device, in
+    `route_dtype`."""
 
     chosen: list[torch.Tensor] = field(default_factory=list)  # each router's own top-k
     used: list[torch.Tensor] = field(default_factory=list)  # what the forward used (= chosen
@@ -83,6 +85,7 @@ def routing(model, forced: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     found = routers(model)
     log = RouteLog()
     n_layers = len(found)
+    dtype = route_dtype(found[0].num_experts) if found else torch.uint8
 
     def hook(layer: int):
         def fn(router, args, out):
@@ -93,7 +96,7 @@ def routing(model, forced: list[tuple[torch.Tensor, torch.Tensor]] | None = None
             call = len(log._layers) - 1
             if layer != len(log._layers[call]):
                 raise RuntimeError(f"routing: router {layer} ran out of layer order")
-            log._layers[call].append(ids_N_K.detach())
+            log._layers[call].append(ids_N_K.detach().to(dtype))
             if forced is None:
                 log._used[call].append(log._layers[call][-1])
                 return None
@@ -106,7 +109,7 @@ def routing(model, forced: list[tuple[torch.Tensor, torch.Tensor]] | None = None
                                  f"tokens through {n_layers} MoE layers; the forced routes "
                                  f"are {tuple(ids_N_L_K.shape)}")
             use_N_K = torch.where(valid_N[:, None], ids_N_L_K[:, layer].to(ids_N_K), ids_N_K)
-            log._used[call].append(use_N_K)
+            log._used[call].append(use_N_K.detach().to(dtype))
             return logits_N_E, _gate(router, logits_N_E, use_N_K, weights_N_K), use_N_K
         return fn
 
@@ -129,11 +132,12 @@ def differing(a_N_L_K: torch.Tensor, b_N_L_K: torch.Tensor, valid_N: torch.Tenso
 
 
 def engine_routes(calls: list[torch.Tensor], prompt_lens: list[int], ns: list[int],
-                  lengths: list[int], dtype: np.dtype) -> list[np.ndarray]:
+                  lengths: list[int]) -> list[np.ndarray]:
     """Per completion row (prompt-major, `ns[p]` rows of prompt p, `lengths[b]` tokens), its
     routes as the built-in engine's decode ran them, from each forward call's (N, L, k) ids
     (RouteLog.chosen, or the fused decoder's): call 0 the left-padded prefill of every prompt
-    (P, T), call j >= 1 the decode forward of completion token j - 1 (B rows).
+    (P, T), call j >= 1 the decode forward of completion token j - 1 (B rows); in the calls'
+    dtype (route_dtype).
     Row b gets its prompt's positions, then its tokens but the last (never forwarded):
     (len(prompt) + lengths[b] - 1, L, k)."""
     P = len(prompt_lens)
@@ -145,6 +149,6 @@ def engine_routes(calls: list[torch.Tensor], prompt_lens: list[int], ns: list[in
     for p, (n, plen) in enumerate(zip(ns, prompt_lens)):
         for _ in range(n):
             rows = torch.cat([prefill[p, T - plen:], steps[b, : max(lengths[b] - 1, 0)]])
-            out.append(rows.numpy().astype(dtype))
+            out.append(rows.numpy())
             b += 1
     return out

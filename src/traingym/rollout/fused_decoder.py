@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from traingym.models.families import covered_model_types, family_of, layer_windows
+from traingym.models.moe import route_dtype
 from traingym.rollout.fused_moe import MoeWeights, is_sparse, moe_mlp, moe_weights
 
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed when the model is built
@@ -193,6 +194,8 @@ class FusedDecoder:
                 self.windows[i], self.layer_ropes[i], float(a.scaling),
                 a.attn_logit_softcapping if self.family.attn_softcap else None, sparse,
             ))
+        sparse = [x.moe for x in self.layers if x.moe is not None]
+        self.route_dtype = route_dtype(sparse[0].router.shape[0]) if sparse else None
         self.norm = nw(self.model.model.norm)
         self.lm_head = pre(self.model.lm_head.weight)
         self.lm_head_bias = self.model.lm_head.bias
@@ -327,7 +330,7 @@ class FusedDecoder:
                 out = linear(self.act(gate) * up, down_w, down_b)
             h = h + (rms(out, post_ff) if post_ff is not None else out)
         if self.routes is not None and routes:
-            self.routes.append(torch.stack(routes, 1))
+            self.routes.append(torch.stack(routes, 1).to(self.route_dtype))
         return h
 
     @staticmethod

@@ -100,7 +100,7 @@ class TorchEngine:
         # The fused decode path (rollout/fused_decoder.py) where the architecture allows it.
         self.fused = FusedDecoder(self.model) if fused and supports(self.model) else None
         routers = moe.routers(self.model)  # a mixture of experts: record each sample's routes
-        self.route_dtype = moe.route_dtype(routers[0].num_experts) if routers else None
+        self.records_routes = bool(routers)
         # per instance: step-level decoding (continuous batching) needs the fused path
         self.abilities = dataclasses.replace(TorchEngine.abilities,
                                              step_decoding=self.fused is not None)
@@ -227,7 +227,7 @@ class TorchEngine:
 
     @torch.no_grad()
     def _run(self, requests: list[GenerationRequest], params: SamplingParams):
-        if self.route_dtype is None:
+        if not self.records_routes:
             return self._decode(requests, params)
         if self.fused is not None:  # it records the experts it chose
             self.fused.routes = []
@@ -241,8 +241,7 @@ class TorchEngine:
             calls = log.chosen
         routes = iter(moe.engine_routes(calls, [len(r.prompt_ids) for r in requests],
                                         [r.n for r in requests],
-                                        [len(c.token_ids) for cs in out for c in cs],
-                                        self.route_dtype))
+                                        [len(c.token_ids) for cs in out for c in cs]))
         for comps in out:
             for c in comps:
                 c.routes = next(routes)
