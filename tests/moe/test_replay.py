@@ -121,3 +121,29 @@ def test_replay_refuses_gradient_checkpointing():
     with pytest.raises(ValueError, match="gradient_checkpointing"):
         TorchTrainer(model, cfg.trainer, 1.0, tok.pad_token_id,
                      algorithm=GRPO(Knobs(routing_replay=True)))
+
+
+@pytest.mark.parametrize("algorithm,passes", [
+    ({"name": "grpo"}, 1),  # the loss pass
+    ({"name": "grpo", "kl_coef": 0.1, "kl_in": "reward"}, 2),  # + per-token advantages
+    ({"name": "ppo"}, 2)])  # + PPO's values
+def test_every_policy_pass_replays(monkeypatch, algorithm, passes):
+    from traingym.loop.trainer import build_trainer
+    from traingym.trainer import replay
+
+    model, tok = tiny_moe()
+    batch = _batch(TorchEngine(copy.deepcopy(model), tok.pad_token_id), tok)
+    forced = []
+    real = replay.moe.routing
+
+    def spy(m, given=None):
+        forced.append(given is not None)
+        return real(m, given)
+
+    monkeypatch.setattr(replay.moe, "routing", spy)
+    cfg = traingym.build_config("tiny", overrides={
+        "algorithm": {**algorithm, "routing_replay": True},
+        "trainer": {"micro_batch_groups": 8}})
+    m = build_trainer(cfg, _perturbed(model), tok.pad_token_id).train_step(batch)
+    assert forced == [True] * passes
+    assert m["moe_route_mismatch"] == 0.0 and m["moe_router_mismatch"] > 0.0

@@ -1,19 +1,21 @@
 """Rollout routing replay and the route mismatch, for mixture-of-experts policies.
 
 The engine records, per sample, the experts each position was routed to (Sample.routes,
-models/moe.py). On a covered MoE model the trainer's policy forward (trainer/logprobs.py
+models/moe.py). On a covered MoE model the trainer's policy forwards (trainer/logprobs.py
 `completion_logprobs`: one call over the groups' left-padded prompts, then one over the rows'
-completions but their last token) is laid out here position for position, and:
+completions but their last token; the loss pass, and the no-grad passes for per-token
+advantages and PPO's values) are laid out here position for position, and:
 - with `algorithm.routing_replay`, every position the engine routed goes to the engine's
   experts, with the trainer's own gate weights over them (models/moe.py: the R3 variant);
-- always, it counts the (token, layer) pairs whose expert set differs from the engine's:
-  `moe_route_mismatch` for the experts the forward used (0 under replay: they are the
-  engine's), `moe_router_mismatch` for the experts the trainer's router would choose (the
-  same as moe_route_mismatch without replay). Each is a fraction of the step's routed pairs.
+- always, in the loss pass, it counts the (token, layer) pairs whose expert set differs from
+  the engine's: `moe_route_mismatch` for the experts the forward used (0 under replay: they
+  are the engine's), `moe_router_mismatch` for the experts the trainer's router would choose
+  (the same as moe_route_mismatch without replay). Each is a fraction of the step's routed
+  pairs.
 Prompt positions take the group's first sample's routes (its n samples share one prefill).
-Not covered: the reference, value and per-token-advantage passes (they route on their own),
-gradient checkpointing (its full-row path recomputes the forward in the backward pass),
-samples without routes (replay refuses them; the mismatch is then not measured).
+Not covered: the reference model's pass (it routes on its own), gradient checkpointing (its
+full-row path recomputes the forward in the backward pass), samples without routes (replay
+refuses them; the mismatch is then not measured).
 """
 
 from __future__ import annotations

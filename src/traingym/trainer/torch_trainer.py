@@ -234,7 +234,8 @@ class TorchTrainer:
         the batch for its log-probs, the KL to the reference, then the algorithm's shaping."""
         parts = []
         for (chunk, advantages), r, ref in zip(chunks, rows, refs):
-            logp = self._no_grad_logp(self.forward_model, r)
+            with self.routes.forward(chunk, {}):  # MoE: the policy's routes replayed
+                logp = self._no_grad_logp(self.forward_model, r)
             mask = completion_mask(chunk, logp)
             adv_B = torch.tensor([a for adv in advantages for a in adv], dtype=torch.float32)
             parts.append((adv_B.to(logp.device), self.algorithm.kl(logp, ref) * mask, mask))
