@@ -25,6 +25,7 @@ import contextlib
 import numpy as np
 import torch
 
+from traingym.core.errors import ConfigError
 from traingym.models import moe
 
 COUNTS = ("moe_route_differ", "moe_router_differ", "moe_route_pairs")
@@ -64,12 +65,12 @@ class RouteReplay:
         self.model, self.replay = model, replay
         self.moe = bool(moe.routers(model)) and not gradient_checkpointing
         if replay and not moe.routers(model):
-            raise ValueError("algorithm.routing_replay needs a mixture-of-experts model of a "
+            raise ConfigError("algorithm.routing_replay needs a mixture-of-experts model of a "
                              f"covered family ({', '.join(sorted(moe.ROUTERS))}); "
                              f"model_type {getattr(model.config, 'model_type', None)!r} has "
                              "no routers: set algorithm.routing_replay = false")
         if replay and gradient_checkpointing:
-            raise ValueError("algorithm.routing_replay does not cover "
+            raise ConfigError("algorithm.routing_replay does not cover "
                              "trainer.gradient_checkpointing (the backward pass recomputes "
                              "the forward outside the replay): turn one of them off")
 
