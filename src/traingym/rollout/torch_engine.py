@@ -99,8 +99,7 @@ class TorchEngine:
         self.between_steps: Callable[[], None] | None = None
         # The fused decode path (rollout/fused_decoder.py) where the architecture allows it.
         self.fused = FusedDecoder(self.model) if fused and supports(self.model) else None
-        routers = moe.routers(self.model)  # a mixture of experts: record each sample's routes
-        self.records_routes = bool(routers)
+        self.records_routes = bool(moe.routers(self.model))  # MoE: each sample's routes
         # per instance: step-level decoding (continuous batching) needs the fused path
         self.abilities = dataclasses.replace(TorchEngine.abilities,
                                              step_decoding=self.fused is not None)
