@@ -38,17 +38,18 @@ def forced_routes(groups, device) -> list[tuple[torch.Tensor, torch.Tensor]] | N
     if not samples or any(s.routes is None for s in samples):
         return None
     L, K = samples[0].routes.shape[1:]
+    dtype = samples[0].routes.dtype  # compact (uint8 / int16); widened per layer in the hook
     prompts = [g.samples[0] for g in groups]
     T = max(len(s.prompt_ids) for s in prompts)
     C = max(len(s.completion_ids) for s in samples) - 1
-    calls = [(np.zeros((len(prompts), T, L, K), np.int64), np.zeros((len(prompts), T), bool))]
+    calls = [(np.zeros((len(prompts), T, L, K), dtype), np.zeros((len(prompts), T), bool))]
     for p, s in enumerate(prompts):
         n = len(s.prompt_ids)
         got = s.routes[:n]
         calls[0][0][p, T - n: T - n + len(got)] = got
         calls[0][1][p, T - n: T - n + len(got)] = True
     if C > 0:
-        calls.append((np.zeros((len(samples), C, L, K), np.int64),
+        calls.append((np.zeros((len(samples), C, L, K), dtype),
                       np.zeros((len(samples), C), bool)))
         for b, s in enumerate(samples):
             got = s.routes[len(s.prompt_ids): len(s.prompt_ids) + len(s.completion_ids) - 1]
