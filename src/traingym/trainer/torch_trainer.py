@@ -12,6 +12,8 @@ per-token advantages; it may add a KL reference (`kl_coef > 0`, log-probs once p
 value head (`needs_values`, trainer/value_head.py: checkpointed, never exported) or a teacher
 (`needs_teacher`, trainer/teacher.py). Environment tokens (`loss_mask` 0) are context only.
 A batch whose groups were all dropped makes no update but counts as a step (mismatch null).
+Mixture-of-experts policies: the policy forward replays the engine's routes with
+`algorithm.routing_replay`, and steps report `moe_route_mismatch` (trainer/replay.py).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from traingym.trainer.config import TrainerConfig
 from traingym.trainer.logprobs import completion_logprobs
 from traingym.trainer.micro import micro_batches, sequence_logprobs
 from traingym.trainer.optimizers import StepInBackward, make_optimizer
+from traingym.trainer.replay import RouteReplay, route_fractions
 from traingym.trainer.step_changes import ChangeTracking, trackable
 from traingym.trainer.value_head import make_value_head, value_targets, values_of
 
@@ -70,6 +73,8 @@ class TorchTrainer:
                       or model.gradient_checkpointing_enable)
             enable({"use_reentrant": False})
             self.logprobs = sequence_logprobs
+        self.routes = RouteReplay(model, algorithm.knobs.routing_replay,
+                                  cfg.gradient_checkpointing)  # MoE: trainer/replay.py
         self.forward_model = wrap(model) if wrap is not None else model
         self._loan = None  # lend(): bf16 casts for the next step only (trainer/casts.py)
         self._lendable: set[str] | None = None
@@ -102,8 +107,8 @@ class TorchTrainer:
         grad_norm = check_finite(self.clip_and_step())
         self.optimizer.zero_grad(set_to_none=True)  # no gradients held through the publish
         memory.trim()
-        return {**stats, "grad_norm": grad_norm, "trained_tokens": total_tokens,
-                "lr": self.cfg.lr}
+        return route_fractions({**stats, "grad_norm": grad_norm,
+                                "trained_tokens": total_tokens, "lr": self.cfg.lr})
 
     def accumulate(self, groups, advantages_G, total_tokens: int, scale: float = 1.0,
                    denom: float | None = None) -> dict:
@@ -136,7 +141,8 @@ class TorchTrainer:
         if knobs.entropy_coef > 0:
             extra["entropy_grad"] = True
         for n, (chunk, advantages) in enumerate(chunks):
-            with self._autocast(), trace.span("forward", cat="trainer", micro=n):
+            with self._autocast(), trace.span("forward", cat="trainer", micro=n), \
+                    self.routes.forward(chunk, stats):
                 out = self.logprobs(self._policy(), *rows[n], **extra)
             mask = out.mask_B_T  # policy tokens only
             adv_B = torch.tensor([a for adv in advantages for a in adv], dtype=torch.float32,
@@ -230,7 +236,8 @@ class TorchTrainer:
         the batch for its log-probs, the KL to the reference, then the algorithm's shaping."""
         parts = []
         for (chunk, advantages), r, ref in zip(chunks, rows, refs):
-            logp = self._no_grad_logp(self.forward_model, r)
+            with self.routes.forward(chunk, {}):  # MoE: the policy's routes replayed
+                logp = self._no_grad_logp(self.forward_model, r)
             mask = completion_mask(chunk, logp)
             adv_B = torch.tensor([a for adv in advantages for a in adv], dtype=torch.float32)
             parts.append((adv_B.to(logp.device), self.algorithm.kl(logp, ref) * mask, mask))
