@@ -10,6 +10,9 @@ weights, so `state_hash` is of the state last loaded, not read back.
 Log-probs follow traingym's contract (log softmax(logits / T) before any top-k/top-p cut) through
 the worker's hooks, for sampling and for `score` alike (rollout/vllm_worker.py); seeds are per
 request (sample i: seed + i).
+Mixture-of-experts models (Qwen3-MoE, Mixtral) are written in their checkpoint layout
+(`_disk_layout`), and the worker repacks the CPU MoE kernel's experts after each reload
+(vllm_worker.py `traingym_repack_moe`); vLLM reports no routes (abilities.reports_routes).
 Not covered: in-flight weight updates, stop strings, tensor parallelism, several vLLM instances
 behind one engine (run one engine per instance).
 """
@@ -117,6 +120,7 @@ class VLLMEngine:
         self._finalizer = weakref.finalize(self, _stop, None, self.work_dir)
         try:
             self.aliases = _aliases(model.state_dict())
+            self._disk_layout = _disk_layout(model)
             config = copy.deepcopy(model.config)
             config.dtype = dtype  # what the folder holds
             config.architectures = [type(model).__name__]  # vLLM picks its model class by it
@@ -226,6 +230,11 @@ class VLLMEngine:
             canonical[first] = t
             for i, n in enumerate(group):
                 out[n] = t if i == 0 else t.clone()  # safetensors stores no shared tensors
+        if self._disk_layout is not None:  # e.g. a MoE's 3-D experts back to one per expert
+            from transformers.core_model_loading import revert_weight_conversion
+
+            out = {n: t.contiguous() for n, t in
+                   revert_weight_conversion(self._disk_layout, out).items()}
         tmp = self.model_dir / "model.safetensors.tmp"
         save_file(out, str(tmp), metadata={"format": "pt"})
         for old in self.model_dir.glob("model*.safetensors*"):
@@ -342,6 +351,28 @@ class VLLMEngine:
 def _aliases(state: dict[str, torch.Tensor]) -> dict[str, list[str]]:
     """Names grouped by the storage they share (tied weights), keyed by the first sorted."""
     return {g[0]: g for g in alias_groups(state)}
+
+
+def _disk_layout(model):
+    """A weightless (meta) copy of `model` that carries its checkpoint conversions, or None
+    where its checkpoint names are its state's names. transformers >= 5 holds some weights
+    in another layout in memory than on disk (Qwen3-MoE's and Mixtral's experts fused into
+    3-D `experts.gate_up_proj`/`down_proj`); vLLM reads the disk layout (vLLM 0.32's Mixtral
+    refuses the fused names, and its in-place reload of fused Qwen3-MoE experts on a CPU
+    serves different outputs), so the engine writes that."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import PrefixChange
+
+    done = getattr(model, "_weight_conversions", None)  # set by from_pretrained
+    if done is None:
+        done = [c for c in get_model_conversion_mapping(model, add_legacy=False)
+                if not isinstance(c, PrefixChange)]
+    if not done:
+        return None
+    with torch.device("meta"):
+        skeleton = type(model)(copy.deepcopy(model.config))
+    skeleton._weight_conversions = done
+    return skeleton
 
 
 def _stop(proc: subprocess.Popen | None, work_dir: Path | None) -> None:

@@ -79,6 +79,30 @@ class PreCutLogprobs:
         model._traingym_scale = float(scale)
         return True
 
+    def traingym_repack_moe(self) -> int:
+        """Redo the CPU MoE kernel's prepacking of the expert weights after `reload_weights`;
+        returns how many expert layers were repacked. vLLM 0.32 on a weight update only copies
+        the experts' new weights (fused_moe/unquantized_fused_moe_method.py `_setup_kernel`,
+        `is_weight_update`) and skips `fused_experts.process_weights_after_loading`, where the
+        CPU experts (fused_moe/experts/cpu_moe.py) prepack them (`cpu_prepack_moe_weight`):
+        the kernel then reads the checkpoint's layout as prepacked and serves wrong outputs."""
+        model = getattr(getattr(self, "model_runner", None), "model", None)
+        if model is None:
+            return 0
+        try:
+            from vllm.model_executor.layers.fused_moe.experts.cpu_moe import (
+                CPUUnquantizedExperts)
+        except ImportError:  # another vLLM: nothing of this kind to repack
+            return 0
+        done = 0
+        for layer in model.modules():
+            kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
+            experts = getattr(kernel, "fused_experts", None)
+            if isinstance(experts, CPUUnquantizedExperts):
+                experts.process_weights_after_loading(layer)
+                done += 1
+        return done
+
 
 def _watch_parent(parent: int, owned: str | None) -> None:
     while True:
@@ -164,8 +188,10 @@ def serve(llm, vllm, fin, fout, served: str) -> None:
             elif op == "reload":
                 t0 = time.perf_counter()
                 llm.collective_rpc("reload_weights", kwargs={"weights_path": msg["path"]})
+                repacked = sum(llm.collective_rpc("traingym_repack_moe"))
                 served = msg["path"]
-                reply({"ok": True, "seconds": time.perf_counter() - t0})
+                reply({"ok": True, "seconds": time.perf_counter() - t0,
+                       "moe_layers_repacked": repacked})
             elif op == "health":
                 reply({"ok": True, "pid": os.getpid(), "served": served})
             elif op == "shutdown":
