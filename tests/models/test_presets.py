@@ -11,17 +11,25 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from traingym.core.errors import ConfigError
 from traingym.config.load import build_config
 from traingym.models import presets
+from traingym.models.moe import active_params
 from traingym.models.presets import PRESETS
 from traingym.rollout import registry
 
 
 def hf_config(preset):
     a = preset.arch
+    moe = {}
+    if a.model_type == "qwen3_moe":
+        moe = dict(num_experts=a.experts, num_experts_per_tok=a.experts_per_token,
+                   moe_intermediate_size=a.expert_intermediate)
+    elif a.model_type == "mixtral":
+        assert a.expert_intermediate == a.intermediate
+        moe = dict(num_local_experts=a.experts, num_experts_per_tok=a.experts_per_token)
     return AutoConfig.for_model(
         a.model_type, num_hidden_layers=a.layers, hidden_size=a.hidden,
         intermediate_size=a.intermediate, num_attention_heads=a.heads,
         num_key_value_heads=a.kv_heads, head_dim=a.head_dim, vocab_size=a.vocab,
-        tie_word_embeddings=a.tied)
+        tie_word_embeddings=a.tied, **moe)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -31,13 +39,25 @@ def test_params_equal_what_transformers_builds(name):
         model = AutoModelForCausalLM.from_config(hf_config(preset))
     assert sum(p.numel() for p in model.parameters()) == preset.params
     assert (model.lm_head.weight is model.model.embed_tokens.weight) == preset.arch.tied
+    assert active_params(model) == preset.active_params  # models/moe.py, as `traingym plan`
+
+
+def test_moe_presets_count_active_and_total_as_published():
+    """Qwen3-30B-A3B: 30.5B total, 3.3B activated (Qwen's card); Mixtral-8x7B: 46.7B total,
+    12.9B a token (Mistral's announcement). Memory holds every expert."""
+    for name, total, active in (("qwen3-30b-a3b", 30.5e9, 3.3e9),
+                                ("mixtral-8x7b", 46.7e9, 12.9e9)):
+        p = PRESETS[name]
+        assert abs(p.params / total - 1) < 0.01 and abs(p.active_params / active - 1) < 0.02
+        assert p.memory()["total"] == 18 * p.params and p.engine == "vllm"
+    assert all(p.active_params == p.params for p in PRESETS.values() if not p.arch.experts)
 
 
 def test_params_are_near_the_size_in_the_name():
     """A typo in the architecture table (a layer count, a width) moves the count far off."""
     for name, preset in PRESETS.items():
-        size = re.search(r"-(\d+(?:\.\d+)?)([bm])", name)
-        nominal = float(size[1]) * (1e9 if size[2] == "b" else 1e6)
+        size = re.search(r"-(?:(\d+)x)?(\d+(?:\.\d+)?)([bm])", name)  # 8x7b: 56B nominal
+        nominal = int(size[1] or 1) * float(size[2]) * (1e9 if size[3] == "b" else 1e6)
         assert 0.75 < preset.params / nominal < 1.35, (name, preset.params)
 
 

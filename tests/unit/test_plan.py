@@ -233,3 +233,30 @@ def test_help_imports_stay_light():
     code = ("import sys, traingym.cli; bad = {'torch', 'pydantic', 'transformers'} & "
             "set(sys.modules); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "mixtral-8x7b"])
+def test_a_moe_preset_plans_compute_from_active_and_memory_from_all_parameters(capsys, name):
+    from traingym.models.presets import PRESETS
+
+    p = PRESETS[name]
+    out, rows = _plan(capsys, "--set", f"model.preset={name}", "--set",
+                      "model.path=/nonexistent/moe", "--gpus", "16")
+    assert (f"{p.params / 1e6:.2f}M params ({p.active_params / 1e6:.2f}M active a token"
+            in out)
+    assert f"weights {p.params * 2 / 1e6:.1f} MB bf16" in out  # every expert on the wire
+    assert f"decode_tokens_per_s {8000 * 8.03e9 / p.active_params:.4g}" in out
+    assert f"total {p.memory()['total'] / 1e9:.1f} GB" in out and rows
+
+
+def test_model_params_of_a_moe_folder_counts_active_experts(tmp_path):
+    from moe_tiny import save_tiny_moe  # tests/ is on sys.path
+
+    from traingym.plan.cli import model_params
+
+    # shared: embeddings 2 x 434 x 64 + the final norm 64 + 2 layers x (attention 12288,
+    # norms 128, router 64 x 8, Qwen3's q/k norms 2 x 16)
+    for family, shared in (("qwen3_moe", 81536), ("mixtral", 81472)):
+        total, active = model_params(save_tiny_moe(tmp_path / family, family))
+        experts = 2 * 8 * 3 * 64 * 32  # 2 layers x 8 experts x (gate, up, down) 64 x 32
+        assert (total, active) == (shared + experts, shared + experts * 2 // 8), family

@@ -152,3 +152,17 @@ def engine_routes(calls: list[torch.Tensor], prompt_lens: list[int], ns: list[in
             out.append(rows.numpy())
             b += 1
     return out
+
+
+def active_params(model) -> int:
+    """Parameters one token runs: all but the experts it is not routed to (k of E in each MoE
+    layer, the covered families' `experts` tensors); all of a dense model's. Works on a
+    meta-device model (counts only)."""
+    total = sum(p.numel() for p in model.parameters())
+    config = getattr(model, "config", None)
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    if not experts or getattr(config, "model_type", None) not in ROUTERS:
+        return total
+    k = config.num_experts_per_tok
+    pooled = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    return total - pooled * (experts - k) // experts

@@ -11,6 +11,9 @@ instruct share one); `params` counts as transformers builds the model
 Settings are suggestions, not tuned by traingym: "torch" below 1B parameters, "vllm" from 1B; lr and
 micro_batch_groups shrink with size, as is common for full-parameter GRPO. `memory` is the trainer's
 16 B per parameter (fp32 weights, grads, AdamW moments) plus the engine's copy.
+Mixtures of experts (Qwen3-MoE, Mixtral) count every expert in `params` (what memory holds)
+and the k experts a token runs in `active_params` (what a token's compute scales with; the
+router counts whole); every layer is sparse (Qwen3-MoE's `mlp_only_layers` are not modelled).
 Not covered: activations, the KV cache and vLLM's cache pool (on top of `memory`).
 """
 
@@ -38,18 +41,27 @@ class Arch:
     head_dim: int
     vocab: int
     tied: bool
+    experts: int = 0  # a mixture of experts: experts per layer (0: dense)
+    experts_per_token: int = 0  # k, the experts each token runs
+    expert_intermediate: int = 0  # each expert's MLP width
 
-    def params(self) -> int:
-        """Parameters as transformers builds the model (tied embeddings counted once)."""
+    def params(self, active: bool = False) -> int:
+        """Parameters as transformers builds the model (tied embeddings counted once);
+        `active`: those one token runs (k experts of each MoE layer, not all)."""
         family = family_of(self.model_type).name
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         attn = 2 * self.hidden * q + 2 * self.hidden * kv  # q, o; k, v
         if family == "qwen2":
             attn += q + 2 * kv  # q/k/v biases
         norms = (4 if family in ("gemma2", "gemma3") else 2) * self.hidden
-        if family in ("qwen3", "gemma3"):
+        if family in ("qwen3", "gemma3", "qwen3_moe"):
             norms += 2 * self.head_dim  # q_norm, k_norm
-        layer = attn + 3 * self.hidden * self.intermediate + norms
+        if self.experts:
+            ran = self.experts_per_token if active else self.experts
+            mlp = ran * 3 * self.hidden * self.expert_intermediate + self.hidden * self.experts
+        else:
+            mlp = 3 * self.hidden * self.intermediate
+        layer = attn + mlp + norms
         embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
         return embeddings + self.layers * layer + self.hidden  # + the final norm
 
@@ -67,11 +79,17 @@ class ModelPreset:
         return self.arch.params()
 
     @property
+    def active_params(self) -> int:
+        """Parameters one token runs (= params for a dense model)."""
+        return self.arch.params(active=True)
+
+    @property
     def engine(self) -> str:
         return "torch" if self.params < 1e9 else "vllm"
 
     def memory(self, engine_dtype: str = "bfloat16") -> dict[str, int]:
-        """Bytes: the trainer's state, the engine's copy of the weights, and their sum."""
+        """Bytes: the trainer's state, the engine's copy of the weights, and their sum (all
+        experts: a mixture of experts holds every one)."""
         trainer = TRAINER_BYTES_PER_PARAM * self.params
         engine = ENGINE_BYTES_PER_PARAM[engine_dtype] * self.params
         return {"trainer": trainer, "engine": engine, "total": trainer + engine}
@@ -83,8 +101,10 @@ class ModelPreset:
 
 
 def _p(name, hf_ids, model_type, layers, hidden, intermediate, heads, kv_heads, head_dim,
-       vocab, tied, lr, micro_batch_groups) -> ModelPreset:
-    arch = Arch(model_type, layers, hidden, intermediate, heads, kv_heads, head_dim, vocab, tied)
+       vocab, tied, lr, micro_batch_groups, moe=(0, 0, 0)) -> ModelPreset:
+    """`moe`: (experts, experts per token, expert width) of a mixture of experts."""
+    arch = Arch(model_type, layers, hidden, intermediate, heads, kv_heads, head_dim, vocab, tied,
+                *moe)
     return ModelPreset(name, hf_ids, arch, lr, micro_batch_groups)
 
 
@@ -156,6 +176,19 @@ _PRESETS = (
        "llama", 32, 960, 2560, 15, 5, 64, 49152, True, 1e-5, 4),
     _p("smollm2-1.7b", ("HuggingFaceTB/SmolLM2-1.7B", "HuggingFaceTB/SmolLM2-1.7B-Instruct"),
        "llama", 24, 2048, 8192, 32, 32, 64, 49152, True, 5e-6, 2),
+    # Mixtures of experts (moe = experts, per token, expert width). Qwen3-30B-A3B: [code]
+    # zyzshishui/slime (a THUDM/slime fork) scripts/models/qwen3-30B-A3B.sh (48 layers, hidden
+    # 2048, ffn 6144, moe ffn 768, 32 heads, 4 query groups, kv channels 128, 128 experts, top
+    # 8, vocab 151936, untied), as copied config.json fixtures in other public repositories
+    # give it; the counts equal Qwen's model card (30.5B total, 3.3B activated).
+    _p("qwen3-30b-a3b", ("Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B-Base"), "qwen3_moe", 48,
+       2048, 6144, 32, 4, 128, 151936, False, 5e-7, 1, moe=(128, 8, 768)),
+    # Mixtral-8x7B v0.1: its config.json's numbers (hidden 4096, intermediate_size 14336 =
+    # each expert's width, 32 layers, 32 heads, 8 kv heads, head_dim 4096 / 32, vocab 32000,
+    # num_local_experts 8, num_experts_per_tok 2, untied), not re-read from the release here:
+    # checked by the counts, which equal Mistral's announcement (46.7B total, 12.9B a token).
+    _p("mixtral-8x7b", ("mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x7B-Instruct-v0.1"),
+       "mixtral", 32, 4096, 14336, 32, 8, 128, 32000, False, 5e-7, 1, moe=(8, 2, 14336)),
 )
 PRESETS: dict[str, ModelPreset] = {p.name: p for p in _PRESETS}
 
@@ -189,7 +222,8 @@ _FIELDS = (  # Arch field, config.json key
     ("model_type", "model_type"), ("layers", "num_hidden_layers"), ("hidden", "hidden_size"),
     ("intermediate", "intermediate_size"), ("heads", "num_attention_heads"),
     ("kv_heads", "num_key_value_heads"), ("head_dim", "head_dim"), ("vocab", "vocab_size"),
-    ("tied", "tie_word_embeddings"))
+    ("tied", "tie_word_embeddings"), ("experts", "num_experts"),
+    ("experts_per_token", "num_experts_per_tok"), ("expert_intermediate", "moe_intermediate_size"))
 
 
 def arch_of(config: dict) -> dict:
@@ -197,6 +231,11 @@ def arch_of(config: dict) -> dict:
     it leaves out (head_dim: hidden / heads; tie_word_embeddings: the family's default)."""
     family = family_of(config.get("model_type", ""))
     out = {field: config.get(key) for field, key in _FIELDS}
+    out["experts"] = out["experts"] or config.get("num_local_experts") or 0  # Mixtral's name
+    if not out["experts"]:  # dense
+        out["experts_per_token"] = out["expert_intermediate"] = 0
+    elif out["expert_intermediate"] is None:  # Mixtral: the experts have intermediate_size
+        out["expert_intermediate"] = out["intermediate"]
     if out["head_dim"] is None and out["hidden"] and out["heads"]:
         out["head_dim"] = out["hidden"] // out["heads"]
     if out["tied"] is None and family is not None:

@@ -13,7 +13,7 @@ Candidates, GPU presets and limits: plan/planner.py. Imports are late because
 from __future__ import annotations
 
 import math
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from traingym.models.embedded import EMBEDDED_NAME, cache_dir, gguf_path
@@ -94,7 +94,6 @@ def add_parser(subparsers) -> None:
 def target_cluster(args) -> TargetCluster:
     """The cluster from --cluster's file, then the flags."""
     import tomllib
-    from dataclasses import replace
 
     from traingym.core.errors import did_you_mean  # heavy: pydantic
 
@@ -122,8 +121,9 @@ def target_cluster(args) -> TargetCluster:
     return check_cluster(replace(c, **{n: v for n, v in given.items() if v is not None}))
 
 
-def model_params(path: str) -> int:
-    """Parameters of model.path (tied weights once), from its config only."""
+def model_params(path: str) -> tuple[int, int]:
+    """(all, active) parameters of model.path (tied weights once; active: those one token
+    runs, k of a mixture of experts' E experts a layer), from its config only."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -147,7 +147,9 @@ def model_params(path: str) -> int:
             config = AutoConfig.from_pretrained(folder)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
+    from traingym.models.moe import active_params
+
+    return sum(p.numel() for p in model.parameters()), active_params(model)
 
 
 def env_sigma(median_s: float, p99_s: float) -> float:
@@ -199,10 +201,13 @@ def run(args) -> int:
     cluster = target_cluster(args)
     cfg = build_config(args.preset, args.config, args.overrides)
     figures = codec_figures(args.codec_figures)
-    params = (get_preset(cfg.model.preset).params if cfg.model.preset  # no weights needed
-              else model_params(cfg.model.path))
-    w = workload(cfg, args, cluster, params)
-    r = rates(cluster, params)
+    if cfg.model.preset:  # no weights needed
+        preset = get_preset(cfg.model.preset)
+        params, active = preset.params, preset.active_params
+    else:
+        params, active = model_params(cfg.model.path)
+    w = replace(workload(cfg, args, cluster, params), active_params=active)
+    r = rates(cluster, active)  # compute per token: the experts a token runs
     ks = (1, 2) if cfg.mode == "sync" else tuple(sorted({1, 2, cfg.async_.max_staleness}))
     rows = [size_row(name, sim, cluster, why)
             for name, sim, why in candidates(w, cluster, r, figures, args.sim_steps, ks)]
@@ -214,11 +219,15 @@ def report(cfg, c: TargetCluster, w: Workload, r: Rates, f: CodecFigures,
            rows: list[Row]) -> str:
     """The plan as text: inputs, a table, the best runnable configuration."""
     wire = "bf16" if w.weight_bytes_per_param == 2 else "fp32"
+    active = w.active_params or w.params
     lines = [
         f"target: {c.gpus} GPUs ({c.node_gpus} per node, {c.gpus_per_engine} per engine), "
         f"{'unlimited' if not w.sandboxes else w.sandboxes} sandbox slots",
-        f"model: {cfg.model.path}, {w.params / 1e6:.2f}M params; weights "
+        f"model: {cfg.model.path}, {w.params / 1e6:.2f}M params"
+        + (f" ({active / 1e6:.2f}M active a token: token rates scale with those, weights "
+           "and memory with all)" if active != w.params else "") + "; weights "
         f"{w.params * w.weight_bytes_per_param / 1e6:.1f} MB {wire}, gradients fp32",
+        *([_preset_memory(cfg.model.preset, wire)] if cfg.model.preset else []),
         f"step: {w.prompts_per_step} prompts x {w.group_size} samples, {w.prompt_tokens} "
         f"prompt + {w.completion_tokens} completion tokens each",
         f"env step: median {w.env_median_s:g} s, sigma {w.env_sigma:.3g}, cut at "
@@ -228,7 +237,7 @@ def report(cfg, c: TargetCluster, w: Workload, r: Rates, f: CodecFigures,
         *(["note: token rates scaled from the 8B reference to a model under 1B parameters "
            "are far too high (fixed overheads dominate): pass measured --decode-tokens-per-s,"
            " --seq-tokens-per-s and --train-tokens-per-s"]
-          if w.params < 1e9 and any(r.source[k] != "given" for k in SCALED) else []),
+          if active < 1e9 and any(r.source[k] != "given" for k in SCALED) else []),
         f"delta codec ({f.source}): {f.bytes_per_changed:.3f} B per changed element at "
         f"{f.changed_fraction:.2%} changed; encode + hash {f.encode_bytes_per_s / GB:.2f} GB/s,"
         f" decode + 2 hashes {f.decode_bytes_per_s / GB:.2f} GB/s, hash "
@@ -265,3 +274,11 @@ def report(cfg, c: TargetCluster, w: Workload, r: Rates, f: CodecFigures,
               f"({b.samples_per_s / sync.samples_per_s:.2f}x sync colocated)",
               f"gain if doubled at that split: {gains}"]
     return "\n".join(lines)
+
+
+def _preset_memory(name: str, wire: str) -> str:
+    """models/presets.py's memory figures (every expert of a mixture of experts)."""
+    m = get_preset(name).memory("bfloat16" if wire == "bf16" else "float32")
+    return (f"memory (model.preset {name}): trainer {m['trainer'] / GB:.1f} GB (fp32 weights, "
+            f"grads, AdamW moments), engine copy {m['engine'] / GB:.1f} GB, total "
+            f"{m['total'] / GB:.1f} GB, before activations and KV cache")

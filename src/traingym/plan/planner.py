@@ -3,7 +3,8 @@
 staleness 1, 2 and the config's own; full or delta weights over tcp; a 'dist' broadcast for
 reference), each sized by plan/simulate.py's size_cluster. Rows whose transport the config
 rejects are marked not runnable, and the best is chosen among runnable rows only.
-Limits: GPU preset rates are published 8B-on-H100 figures scaled by REFERENCE_PARAMS / params,
+Limits: GPU preset rates are published 8B-on-H100 figures scaled by REFERENCE_PARAMS / params
+(a mixture of experts: its active parameters, those a token runs; FLOPs, not MoE dispatch),
 far too high below 1B parameters (pass measured rates); ideal scaling across gpus_per_engine;
 codec rates are one core's, measured on one machine (plan/figures/codec.json says which, when
 and at which commit; benchmarks/plan_figures.py measures them again). traingym's trainer and
@@ -97,6 +98,8 @@ class Workload:
     env_sigma: float  # lognormal sigma
     env_timeout_s: float  # 0: no cut
     sandboxes: int  # env slots; 0: unlimited
+    active_params: float = 0.0  # a mixture of experts: those a token runs (0: all, dense);
+    # token rates scale with it, weights, gradients and memory with `params`
 
 
 @dataclass(frozen=True)
