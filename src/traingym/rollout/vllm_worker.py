@@ -85,22 +85,35 @@ class PreCutLogprobs:
         the experts' new weights (fused_moe/unquantized_fused_moe_method.py `_setup_kernel`,
         `is_weight_update`) and skips `fused_experts.process_weights_after_loading`, where the
         CPU experts (fused_moe/experts/cpu_moe.py) prepack them (`cpu_prepack_moe_weight`):
-        the kernel then reads the checkpoint's layout as prepacked and serves wrong outputs."""
+        the kernel then reads the checkpoint's layout as prepacked and serves wrong outputs.
+        An MoE kernel on a CPU other than that class raises (outputs would be wrong); on other
+        platforms nothing is done (not measured here)."""
         model = getattr(getattr(self, "model_runner", None), "model", None)
         if model is None:
+            return 0
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
             return 0
         try:
             from vllm.model_executor.layers.fused_moe.experts.cpu_moe import (
                 CPUUnquantizedExperts)
-        except ImportError:  # another vLLM: nothing of this kind to repack
-            return 0
+        except ImportError:  # another vLLM: refused below if the model has MoE layers
+            CPUUnquantizedExperts = None
         done = 0
         for layer in model.modules():
             kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
+            if kernel is None:
+                continue
             experts = getattr(kernel, "fused_experts", None)
-            if isinstance(experts, CPUUnquantizedExperts):
-                experts.process_weights_after_loading(layer)
-                done += 1
+            if CPUUnquantizedExperts is None or not isinstance(experts, CPUUnquantizedExperts):
+                raise RuntimeError(
+                    f"traingym cannot repack the CPU MoE kernel {type(experts).__name__} after "
+                    "a weight reload (it knows vLLM 0.32's CPUUnquantizedExperts), and vLLM "
+                    "skips that step on updates, so the experts would serve wrong outputs; "
+                    "use rollout.engine='torch' for this model")
+            experts.process_weights_after_loading(layer)
+            done += 1
         return done
 
 
