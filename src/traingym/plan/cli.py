@@ -147,7 +147,7 @@ def model_params(path: str) -> tuple[int, int]:
             config = AutoConfig.from_pretrained(folder)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-    from traingym.models.moe import active_params
+    from traingym.models.moe import active_params  # heavy: torch, numpy
 
     return sum(p.numel() for p in model.parameters()), active_params(model)
 
