@@ -2,6 +2,7 @@
 suggestion rules, the merge under the user's values, and the architecture check of
 model.path."""
 
+import json
 import re
 
 import pytest
@@ -179,3 +180,21 @@ def test_plan_counts_a_preset_without_its_weights(capsys, tmp_path):
             "--set", "rollout.engine=torch", "--gpus", "8", "--gpu", "h100", "--sim-steps", "8"]
     assert cli.main(argv) == 0
     assert f"{PRESETS['qwen3-8b'].params / 1e6:.2f}M params" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "mixtral-8x7b"])
+def test_a_moe_folder_is_checked_against_its_experts(name, tmp_path):
+    """config.json as transformers writes it (Mixtral: num_local_experts, no
+    moe_intermediate_size); another expert count is named."""
+    preset = PRESETS[name]
+    folder = tmp_path / name
+    hf_config(preset).save_pretrained(folder)
+    presets.check_path(name, str(folder))  # matches
+    assert presets.matching(json.loads((folder / "config.json").read_text())) == [name]
+    cfg = build_config(overrides={"model": {"preset": name, "path": str(folder)}})
+    assert cfg.rollout.engine == "vllm" and cfg.trainer.lr == 5e-7
+    key = "num_experts" if preset.arch.model_type == "qwen3_moe" else "num_local_experts"
+    data = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**data, key: 16}))
+    with pytest.raises(ValueError, match=f"num_experts=16 \\(the preset: {preset.arch.experts}"):
+        presets.check_path(name, str(folder))
