@@ -1,0 +1,153 @@
+"""Futures: every mutating call is answered at once with a request id; the work runs later.
+
+One worker thread runs all compute, first in first out, so torch has the machine's cores to
+itself and nothing races on a model. Work for a training client is ordered by the `seq_id` the
+SDK stamps on each request (1, 2, 3, ... per client, in the order the user's script called
+them): a request that arrives before its predecessor (the SDK sends the chunks of one
+forward_backward in parallel, the first one last) waits until the gap is filled, as the SDK
+expects ("missing reserved ids cannot be skipped by the server"). Sampling requests carry no
+order and go straight to the worker.
+
+A result is kept until `kept` newer ones have finished (oldest dropped first), so a client may
+retrieve futures in any order and retrieve one again. An exception in the work fails that
+future only ('user' category for a `UserError`, else 'server'); the worker keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import queue
+import threading
+import traceback
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+class UserError(ValueError):
+    """A request that cannot run as asked: the future fails with category 'user'."""
+
+
+@dataclass
+class Outcome:
+    """A finished future: a JSON-able dict, protobuf bytes, or an error."""
+
+    json: dict | None = None
+    proto: bytes | None = None
+    error: str | None = None
+    category: str = "server"
+
+
+@dataclass(order=True)
+class _Queued:
+    seq: int
+    n: int
+    rid: str = field(compare=False)
+    fn: Callable = field(compare=False)
+
+
+class Lane:
+    """One training client's order: requests run by seq_id, each after its predecessor."""
+
+    def __init__(self, first: int = 1):
+        self.next = first
+        self.held: list[_Queued] = []
+
+
+class Futures:
+    def __init__(self, kept: int = 4096, max_pending: int = 1024):
+        self.kept, self.max_pending = kept, max_pending
+        self.done: OrderedDict[str, Outcome] = OrderedDict()
+        self.pending: dict[str, asyncio.Event] = {}
+        self.work: queue.Queue = queue.Queue()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.lock = threading.Lock()
+        self.count = itertools.count()
+        self.thread: threading.Thread | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.thread = threading.Thread(target=self._run, name="tinker-worker", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.work.put(None)
+            self.thread.join(timeout=30)
+            self.thread = None
+
+    def busy(self) -> bool:
+        """As many requests queued or running as `max_pending`: refuse more (429)."""
+        return len(self.pending) - len(self.done) >= self.max_pending
+
+    def submit(self, fn: Callable[[], Outcome | dict | bytes], lane: Lane | None = None,
+               seq: int | None = None) -> str:
+        """Queue `fn` (run on the worker thread) and return its request id at once. With a
+        `lane`, `fn` runs after the lane's requests with smaller `seq`."""
+        rid = uuid.uuid4().hex
+        self.pending[rid] = asyncio.Event()
+        item = _Queued(seq if seq is not None else 0, next(self.count), rid, fn)
+        with self.lock:
+            if lane is None:
+                self.work.put(item)
+                return rid
+            if seq is None or seq < lane.next:
+                raise UserError(f"seq_id {seq} was already used by this training client "
+                                f"(next expected: {lane.next})")
+            heapq.heappush(lane.held, item)
+            while lane.held and lane.held[0].seq == lane.next:
+                self.work.put(heapq.heappop(lane.held))
+                lane.next += 1
+        return rid
+
+    def finish_now(self, outcome: Outcome) -> str:
+        """A future already done (work that needs no queue, e.g. a refusal found late)."""
+        rid = uuid.uuid4().hex
+        self.pending[rid] = asyncio.Event()
+        self._store(rid, outcome)
+        return rid
+
+    def _run(self) -> None:
+        while True:
+            item = self.work.get()
+            if item is None:
+                return
+            try:
+                result = item.fn()
+                if isinstance(result, Outcome):
+                    outcome = result
+                elif isinstance(result, bytes):
+                    outcome = Outcome(proto=result)
+                else:
+                    outcome = Outcome(json=result)
+            except UserError as e:
+                outcome = Outcome(error=str(e), category="user")
+            except Exception as e:  # the request fails; the worker keeps serving
+                traceback.print_exc()
+                outcome = Outcome(error=f"{type(e).__name__}: {e}", category="server")
+            self._store(item.rid, outcome)
+
+    def _store(self, rid: str, outcome: Outcome) -> None:
+        with self.lock:
+            self.done[rid] = outcome
+            while len(self.done) > self.kept:
+                old, _ = self.done.popitem(last=False)
+                self.pending.pop(old, None)
+        event = self.pending.get(rid)
+        if event is not None and self.loop is not None:
+            self.loop.call_soon_threadsafe(event.set)
+
+    async def wait(self, rid: str, timeout: float) -> Outcome | None:
+        """The outcome, or None when it is not ready within `timeout` s; KeyError: unknown."""
+        with self.lock:
+            if rid in self.done:
+                return self.done[rid]
+        event = self.pending[rid]  # KeyError: no such request (or long dropped)
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            return None
+        return self.done.get(rid)

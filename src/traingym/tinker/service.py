@@ -1,0 +1,374 @@
+"""What the routes call: sessions, training clients, samplers and checkpoints, over one
+`Futures` worker. Methods that change a model return a request id at once (the work is queued
+on the model's lane, in seq_id order); reads answer directly. Requests arrive validated by the
+SDK's own pydantic types (app.py); what those cannot check (ids, limits, shapes) is checked
+here, and a refusal found before queueing is an `ApiError` (4xx), one found while running a
+failed future (category 'user').
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from traingym.tinker import losses, store
+from traingym.tinker.config import TinkerConfig
+from traingym.tinker.futures import Futures, UserError
+from traingym.tinker.sampling import Engines, Session, sample
+from traingym.tinker.training import Base, TrainingModel, load_base
+from traingym.tinker.wire import forward_backward_output, sample_response
+
+
+class ApiError(Exception):
+    """A refused request: HTTP status and a message naming the problem and the fix."""
+
+    def __init__(self, status: int, message: str, code: str = "invalid_request"):
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": "invalid_request_error"
+                          if self.status < 500 else "server_error", "code": self.code}}
+
+
+def _not_found(what: str, key: str) -> ApiError:
+    return ApiError(404, f"no {what} {key!r} on this server", "not_found")
+
+
+class Service:
+    def __init__(self, cfg: TinkerConfig):
+        self.cfg = cfg
+        self.root = Path(cfg.runs_dir)
+        self.futures = Futures(cfg.kept_results, cfg.max_pending)
+        self.bases: dict[str, Base] = {}
+        self.base_lock = threading.Lock()
+        self.sessions: dict[str, dict] = {}
+        self.models: dict[str, TrainingModel] = {}
+        self.samplers: dict[str, Session] = {}
+        self.engines = Engines(cfg.engine_dtype, cfg.seed)
+
+    # -- sessions and capabilities --------------------------------------------------------
+
+    def capabilities(self) -> dict:
+        return {"supported_models": [{"model_name": m, "trainable": True, "sampleable": True}
+                                     for m in self.cfg.models]}
+
+    def create_session(self, req) -> dict:
+        sid = uuid.uuid4().hex
+        self.sessions[sid] = {"created": time.time(), "seen": time.time(), "tags": req.tags,
+                              "finished": None}
+        return {"type": "create_session", "session_id": sid}
+
+    def session(self, sid: str) -> dict:
+        if sid not in self.sessions:
+            raise _not_found("session", sid)
+        s = self.sessions[sid]
+        s["seen"] = time.time()
+        return s
+
+    def model(self, model_id: str) -> TrainingModel:
+        if model_id not in self.models:
+            raise _not_found("training client (model_id)", model_id)
+        return self.models[model_id]
+
+    def _busy(self) -> None:
+        if self.futures.busy():
+            raise ApiError(429, f"{self.cfg.max_pending} requests are queued (max_pending); "
+                           "retry shortly", "max_pending")
+
+    # -- bases ---------------------------------------------------------------------------
+
+    def check_base(self, name: str) -> None:
+        if name in self.cfg.models:
+            return
+        if self.cfg.allow_local_folders and (Path(name).expanduser() / "config.json").is_file():
+            return
+        raise ApiError(400, f"base_model {name!r} is not served here; served: "
+                       f"{self.cfg.models}", "unknown_model")
+
+    def base(self, name: str) -> Base:
+        """Loaded on first use (on the worker thread), then shared."""
+        with self.base_lock:
+            if name not in self.bases:
+                self.bases[name] = load_base(name, self.root / "_tokenizers", self.cfg.seed)
+            return self.bases[name]
+
+    # -- training clients ----------------------------------------------------------------
+
+    def _new_model_id(self, session_id: str, seq: int) -> str:
+        self.session(session_id)
+        model_id = f"{session_id}:train:{seq}"
+        if model_id in self.models:
+            raise ApiError(409, f"training client {model_id!r} exists (model_seq_id {seq} "
+                           "used twice)", "exists")
+        if len(self.models) >= self.cfg.max_training_clients:
+            raise ApiError(429, f"{len(self.models)} training clients exist "
+                           f"(max_training_clients)", "max_training_clients")
+        return model_id
+
+    def _lora(self, lora) -> dict | None:
+        if lora is None:
+            return None
+        if not 1 <= lora.rank <= self.cfg.max_lora_rank:
+            raise ApiError(400, f"lora rank {lora.rank}: must be 1..{self.cfg.max_lora_rank}",
+                           "lora_rank")
+        return {"rank": lora.rank, "seed": lora.seed, "train_attn": lora.train_attn,
+                "train_mlp": lora.train_mlp, "train_unembed": lora.train_unembed}
+
+    def _check_adam(self, optimizer_config) -> None:
+        kind = getattr(optimizer_config, "type", "adamw")
+        if kind != "adamw":
+            raise ApiError(400, f"optimizer {kind!r}: only 'adamw' is supported", "optimizer")
+
+    def create_model(self, req) -> str:
+        self.check_base(req.base_model)
+        self._check_adam(req.optimizer_config)
+        lora = self._lora(req.lora_config)
+        model_id = self._new_model_id(req.session_id, req.model_seq_id)
+        self._busy()
+        self.models[model_id] = None  # reserved: _ready answers 409 until it is built
+
+        def run():
+            try:
+                m = TrainingModel(model_id, self.base(req.base_model), lora, self.cfg.lora_alpha,
+                                  user_metadata=req.user_metadata)
+            except Exception:
+                self.models.pop(model_id, None)
+                raise
+            self.models[model_id] = m
+            return {"model_id": model_id, "type": "create_model"}
+
+        return self.futures.submit(run)
+
+    def get_info(self, model_id: str) -> dict:
+        m = self._ready(model_id)
+        b = m.base
+        return {"type": "get_info", "model_id": model_id, "is_lora": m.is_lora,
+                "lora_rank": m.lora["rank"] if m.lora else None, "model_name": b.name,
+                "model_data": {"arch": b.arch, "model_name": b.name,
+                               "tokenizer_id": str(b.tokenizer_dir)}}
+
+    def _ready(self, model_id: str) -> TrainingModel:
+        m = self.model(model_id)
+        if m is None:
+            raise ApiError(409, f"training client {model_id!r} is still being created; retrieve "
+                           "its create_model future first", "not_ready")
+        return m
+
+    def _queue(self, model_id: str, seq: int | None, fn) -> str:
+        m = self._ready(model_id)
+        self._busy()
+        try:
+            return self.futures.submit(fn, m.lane, seq)
+        except UserError as e:
+            raise ApiError(400, str(e), "seq_id") from None
+
+    def forward_backward(self, req: dict) -> str:
+        cfg = self.cfg
+        m = self._ready(req["model_id"])
+        if not req["data"]:
+            raise ApiError(400, "forward_backward: no data", "no_data")
+        if len(req["data"]) > cfg.max_datums:
+            raise ApiError(400, f"{len(req['data'])} datums in one request; the limit is "
+                           f"{cfg.max_datums} (max_datums)", "max_datums")
+        lengths = [len(t) for t, _ in req["data"]]
+        limit = min(cfg.max_seq_tokens, m.base.max_context or cfg.max_seq_tokens)
+        if max(lengths) > limit:
+            raise ApiError(400, f"a datum of {max(lengths)} tokens; the limit is {limit}",
+                           "max_seq_tokens")
+        try:
+            losses.check(req["loss_fn"], req["config"], [i for _, i in req["data"]], lengths)
+        except UserError as e:
+            raise ApiError(400, str(e), "loss_fn") from None
+
+        def run():
+            return forward_backward_output(*m.forward_backward(req))
+
+        return self._queue(req["model_id"], req["seq_id"], run)
+
+    def optim_step(self, req) -> str:
+        params = req.optim_params
+        if getattr(params, "type", None) not in (None, "adamw") or not hasattr(params, "beta1"):
+            raise ApiError(400, "optim_step: only AdamParams are supported", "optimizer")
+        if not (params.learning_rate >= 0 and 0 <= params.beta1 < 1 and 0 <= params.beta2 < 1
+                and params.eps >= 0 and params.weight_decay >= 0):
+            raise ApiError(400, "optim_step: AdamParams out of range (learning_rate, eps, "
+                           "weight_decay >= 0; betas in [0, 1))", "adam_params")
+        m = self._ready(req.model_id)
+        p = params.model_dump()
+        return self._queue(req.model_id, req.seq_id,
+                           lambda: {"metrics": m.optim_step(p), "type": "optim_step"})
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def save_weights(self, req) -> str:
+        m = self._ready(req.model_id)
+        name = req.path or f"step-{m.steps:06d}-{uuid.uuid4().hex[:6]}"
+        self._check_name(name)
+
+        def run():
+            path = store.save(self.root, req.model_id, "weights", name, m.trainable(), m.meta(),
+                              m.optimizer, overwrite=req.overwrite)
+            return {"path": path, "type": "save_weights"}
+
+        return self._queue(req.model_id, req.seq_id, run)
+
+    def _check_name(self, name: str) -> None:
+        try:
+            store.check_name(name)
+        except UserError as e:
+            raise ApiError(400, str(e), "path") from None
+
+    def _checkpoint(self, path: str):
+        try:
+            return store.open_checkpoint(self.root, path)
+        except UserError as e:
+            raise ApiError(400 if "expected" in str(e) else 404, str(e), "path") from None
+
+    def load_weights(self, req) -> str:
+        folder, meta = self._checkpoint(req.path)
+        if (folder.parent.name != "weights") and req.optimizer:
+            raise ApiError(400, f"{req.path} holds no optimizer state", "path")
+
+        def restore(m: TrainingModel):
+            m.load_trainable(store.load_tensors(folder))
+            if req.optimizer:
+                store.load_optimizer(folder, m.optimizer)
+            m.steps = meta.get("steps", 0)
+
+        if req.model_id is not None:  # into an existing training client, in its order
+            m = self._ready(req.model_id)
+            if (m.base.name, m.lora) != (meta["base_model"], meta["lora"]):
+                raise ApiError(400, f"{req.path} was saved from {meta['base_model']} with LoRA "
+                               f"{meta['lora']}; this client is {m.base.name} with {m.lora}")
+
+            def run_into():
+                restore(m)
+                return {"path": req.path, "model_id": req.model_id, "type": "load_weights"}
+
+            return self._queue(req.model_id, req.seq_id, run_into)
+        if req.session_id is None or req.model_seq_id is None:
+            raise ApiError(400, "load_weights needs model_id, or session_id and model_seq_id")
+        base_name = req.base_model or meta["base_model"]
+        self.check_base(base_name)
+        if req.optimizer_config is not None:
+            self._check_adam(req.optimizer_config)
+        model_id = self._new_model_id(req.session_id, req.model_seq_id)
+        self._busy()
+        self.models[model_id] = None
+
+        def run_new():
+            try:
+                m = TrainingModel(model_id, self.base(base_name), meta["lora"],
+                                  meta.get("lora_alpha", self.cfg.lora_alpha),
+                                  user_metadata=req.user_metadata)
+                restore(m)
+            except Exception:
+                self.models.pop(model_id, None)
+                raise
+            self.models[model_id] = m
+            return {"path": req.path, "model_id": model_id, "type": "load_weights"}
+
+        return self.futures.submit(run_new)
+
+    def checkpoints(self, model_id: str) -> dict:
+        try:
+            return {"checkpoints": store.listing(self.root, model_id)}
+        except UserError as e:
+            raise ApiError(400, str(e)) from None
+
+    # -- sampling ----------------------------------------------------------------------------
+
+    def save_for_sampler(self, req) -> str:
+        m = self._ready(req.model_id)
+        if req.path is not None:
+            self._check_name(req.path)
+        elif req.sampling_session_seq_id is None:
+            raise ApiError(400, "save_weights_for_sampler needs path or sampling_session_seq_id")
+
+        def run():
+            if req.path is not None:
+                tensors = m.trainable() if m.is_lora else m.sampler_state()
+                path = store.save(self.root, req.model_id, "sampler_weights", req.path, tensors,
+                                  m.meta())
+                return {"path": path, "type": "save_weights_for_sampler"}
+            sid = f"{req.model_id}:sample:{req.sampling_session_seq_id}:{uuid.uuid4().hex[:8]}"
+            self.samplers[sid] = Session(sid, m.base, None, m.sampler_state())
+            return {"sampling_session_id": sid, "type": "save_weights_for_sampler"}
+
+        return self._queue(req.model_id, req.seq_id, run)
+
+    def create_sampling_session(self, req) -> dict:
+        self.session(req.session_id)
+        if req.model_path is None and req.base_model is None:
+            raise ApiError(400, "create_sampling_session needs model_path or base_model")
+        if req.model_path is None:
+            self.check_base(req.base_model)
+            sid = f"{req.session_id}:sample:{req.sampling_session_seq_id}"
+            self.samplers[sid] = Session(sid, self.base(req.base_model), None, None)
+            return {"type": "create_sampling_session", "sampling_session_id": sid}
+        folder, meta = self._checkpoint(req.model_path)
+        self.check_base(meta["base_model"])
+        base = self.base(meta["base_model"])
+        sid = f"{req.session_id}:sample:{req.sampling_session_seq_id}"
+        tensors = store.load_tensors(folder)
+        if meta["lora"] is not None:  # adapters: rebuild the merged layers on a throwaway client
+            tmp = TrainingModel("-", base, meta["lora"], meta.get("lora_alpha", 32.0))
+            tmp.load_trainable(tensors)
+            tensors = tmp.sampler_state()
+        self.samplers[sid] = Session(sid, base, req.model_path, tensors)
+        return {"type": "create_sampling_session", "sampling_session_id": sid}
+
+    def sampler(self, sid: str) -> dict:
+        if sid not in self.samplers:
+            raise _not_found("sampling session", sid)
+        s = self.samplers[sid]
+        return {"sampler_id": sid, "base_model": s.base.name, "model_path": s.model_path}
+
+    def asample(self, req) -> dict:
+        cfg = self.cfg
+        if req.sampling_session_id is not None:
+            if req.sampling_session_id not in self.samplers:
+                raise _not_found("sampling session", req.sampling_session_id)
+            session = self.samplers[req.sampling_session_id]
+        else:
+            raise ApiError(400, "asample needs sampling_session_id (create_sampling_session "
+                           "first)")
+        refused = [k for k in ("topk_prompt_logprobs", "topk_sample_logprobs",
+                               "prompt_alt_tokens_k") if getattr(req, k)]
+        refused += [k for k in ("target_prompt_logprobs", "record_stability_info")
+                    if getattr(req, k)]
+        if refused:
+            raise ApiError(400, f"not supported by this server: {refused}", "unsupported")
+        prompt = req.prompt.to_ints() if all(c.type == "encoded_text"
+                                             for c in req.prompt.chunks) else None
+        if prompt is None:
+            raise ApiError(400, "prompt: only token chunks (encoded_text) are supported")
+        sp = req.sampling_params.model_dump()
+        vocab = session.base.model.get_input_embeddings().num_embeddings
+        problems = []
+        if not prompt or len(prompt) > cfg.max_seq_tokens:
+            problems.append(f"prompt of {len(prompt)} tokens (1..{cfg.max_seq_tokens})")
+        if any(t < 0 or t >= vocab for t in prompt):
+            problems.append(f"prompt token ids outside [0, {vocab})")
+        if not 1 <= req.num_samples <= cfg.max_samples:
+            problems.append(f"num_samples {req.num_samples} (1..{cfg.max_samples})")
+        if sp.get("max_tokens") is not None and not 1 <= sp["max_tokens"] <= cfg.max_tokens:
+            problems.append(f"max_tokens {sp['max_tokens']} (1..{cfg.max_tokens})")
+        if sp.get("temperature", 1) < 0 or not 0 < sp.get("top_p", 1) <= 1:
+            problems.append("temperature must be >= 0 and top_p in (0, 1]")
+        if req.prompt_logprobs_last_n is not None and not (
+                req.prompt_logprobs and 1 <= req.prompt_logprobs_last_n < len(prompt)):
+            problems.append("prompt_logprobs_last_n needs prompt_logprobs and 1..len(prompt)-1")
+        if problems:
+            raise ApiError(400, "sample: " + "; ".join(problems), "sample")
+        self._busy()
+        job = {"prompt": prompt, "sampling_params": sp, "num_samples": req.num_samples,
+               "prompt_logprobs": bool(req.prompt_logprobs),
+               "prompt_logprobs_last_n": req.prompt_logprobs_last_n}
+        rid = self.futures.submit(
+            lambda: sample_response(*sample(self.engines, session, job, session.base.max_context)))
+        return {"request_id": rid,
+                "sample_sequence_ids": [f"{rid}:{i}" for i in range(req.num_samples)]}
