@@ -65,3 +65,18 @@ def test_kept_results_are_bounded():
         f.stop()
 
     asyncio.run(main())
+
+
+def test_a_refused_request_uses_up_its_seq_id():
+    async def main():
+        f = Futures(kept=16)
+        f.start(asyncio.get_running_loop())
+        lane = Lane()
+        r2 = f.submit(lambda: {"n": 2}, lane, 2)
+        f.skip(lane, 1)  # seq 1 was refused before it was queued
+        assert (await f.wait(r2, 5)).json == {"n": 2}
+        f.skip(lane, 0)  # already past: nothing to do
+        assert lane.next == 3
+        f.stop()
+
+    asyncio.run(main())

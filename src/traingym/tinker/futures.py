@@ -46,7 +46,7 @@ class _Queued:
     seq: int
     n: int
     rid: str = field(compare=False)
-    fn: Callable = field(compare=False)
+    fn: Callable | None = field(compare=False)  # None: a refused request's place
 
 
 class Lane:
@@ -98,10 +98,24 @@ class Futures:
                 raise UserError(f"seq_id {seq} was already used by this training client "
                                 f"(next expected: {lane.next})")
             heapq.heappush(lane.held, item)
-            while lane.held and lane.held[0].seq == lane.next:
-                self.work.put(heapq.heappop(lane.held))
-                lane.next += 1
+            self._release(lane)
         return rid
+
+    def skip(self, lane: Lane, seq: int | None) -> None:
+        """A request refused before queueing still uses its seq_id (the SDK does not send it
+        again), so the lane's later requests do not wait for it."""
+        with self.lock:
+            if seq is not None and seq >= lane.next:
+                heapq.heappush(lane.held, _Queued(seq, next(self.count), "", None))
+                self._release(lane)
+
+    def _release(self, lane: Lane) -> None:
+        while lane.held and lane.held[0].seq <= lane.next:
+            item = heapq.heappop(lane.held)
+            if item.seq == lane.next:
+                lane.next += 1
+            if item.fn is not None:
+                self.work.put(item)
 
     def finish_now(self, outcome: Outcome) -> str:
         """A future already done (work that needs no queue, e.g. a refusal found late)."""

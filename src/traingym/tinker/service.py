@@ -157,6 +157,14 @@ class Service:
                            "its create_model future first", "not_ready")
         return m
 
+    def _refused(self, m: TrainingModel, seq: int | None, check) -> None:
+        """Run `check`; when it refuses the request, its seq_id is still used up."""
+        try:
+            check()
+        except ApiError:
+            self.futures.skip(m.lane, seq)
+            raise
+
     def _queue(self, model_id: str, seq: int | None, fn) -> str:
         m = self._ready(model_id)
         self._busy()
@@ -166,8 +174,13 @@ class Service:
             raise ApiError(400, str(e), "seq_id") from None
 
     def forward_backward(self, req: dict) -> str:
-        cfg = self.cfg
         m = self._ready(req["model_id"])
+        self._refused(m, req["seq_id"], lambda: self._check_data(m, req))
+        return self._queue(req["model_id"], req["seq_id"],
+                           lambda: forward_backward_output(*m.forward_backward(req)))
+
+    def _check_data(self, m: TrainingModel, req: dict) -> None:
+        cfg = self.cfg
         if not req["data"]:
             raise ApiError(400, "forward_backward: no data", "no_data")
         if len(req["data"]) > cfg.max_datums:
@@ -182,21 +195,27 @@ class Service:
             losses.check(req["loss_fn"], req["config"], [i for _, i in req["data"]], lengths)
         except UserError as e:
             raise ApiError(400, str(e), "loss_fn") from None
-
-        def run():
-            return forward_backward_output(*m.forward_backward(req))
-
-        return self._queue(req["model_id"], req["seq_id"], run)
+        vocab = m.model.get_input_embeddings().num_embeddings
+        for i, (tokens, inputs) in enumerate(req["data"]):
+            targets = inputs["target_tokens"]
+            if min(tokens) < 0 or max(tokens) >= vocab or targets.min() < 0 \
+                    or targets.max() >= vocab:
+                raise ApiError(400, f"datum {i}: token ids outside [0, {vocab})", "token_ids")
 
     def optim_step(self, req) -> str:
-        params = req.optim_params
-        if getattr(params, "type", None) not in (None, "adamw") or not hasattr(params, "beta1"):
-            raise ApiError(400, "optim_step: only AdamParams are supported", "optimizer")
-        if not (params.learning_rate >= 0 and 0 <= params.beta1 < 1 and 0 <= params.beta2 < 1
-                and params.eps >= 0 and params.weight_decay >= 0):
-            raise ApiError(400, "optim_step: AdamParams out of range (learning_rate, eps, "
-                           "weight_decay >= 0; betas in [0, 1))", "adam_params")
         m = self._ready(req.model_id)
+        params = req.optim_params
+
+        def check():
+            if getattr(params, "type", None) not in (None, "adamw") \
+                    or not hasattr(params, "beta1"):
+                raise ApiError(400, "optim_step: only AdamParams are supported", "optimizer")
+            if not (params.learning_rate >= 0 and 0 <= params.beta1 < 1
+                    and 0 <= params.beta2 < 1 and params.eps >= 0 and params.weight_decay >= 0):
+                raise ApiError(400, "optim_step: AdamParams out of range (learning_rate, eps, "
+                               "weight_decay >= 0; betas in [0, 1))", "adam_params")
+
+        self._refused(m, req.seq_id, check)
         p = params.model_dump()
         return self._queue(req.model_id, req.seq_id,
                            lambda: {"metrics": m.optim_step(p), "type": "optim_step"})
@@ -206,7 +225,7 @@ class Service:
     def save_weights(self, req) -> str:
         m = self._ready(req.model_id)
         name = req.path or f"step-{m.steps:06d}-{uuid.uuid4().hex[:6]}"
-        self._check_name(name)
+        self._refused(m, req.seq_id, lambda: self._check_name(name))
 
         def run():
             path = store.save(self.root, req.model_id, "weights", name, m.trainable(), m.meta(),
@@ -228,9 +247,24 @@ class Service:
             raise ApiError(400 if "expected" in str(e) else 404, str(e), "path") from None
 
     def load_weights(self, req) -> str:
-        folder, meta = self._checkpoint(req.path)
-        if (folder.parent.name != "weights") and req.optimizer:
-            raise ApiError(400, f"{req.path} holds no optimizer state", "path")
+        into = self._ready(req.model_id) if req.model_id is not None else None
+        found = []
+
+        def check():
+            found.extend(self._checkpoint(req.path))
+            if found[0].parent.name != "weights" and req.optimizer:
+                raise ApiError(400, f"{req.path} holds no optimizer state", "path")
+            if into is not None and (into.base.name, into.lora) != (found[1]["base_model"],
+                                                                    found[1]["lora"]):
+                raise ApiError(400, f"{req.path} was saved from {found[1]['base_model']} with "
+                               f"LoRA {found[1]['lora']}; this client is {into.base.name} with "
+                               f"{into.lora}")
+
+        if into is not None:
+            self._refused(into, req.seq_id, check)
+        else:
+            check()
+        folder, meta = found
 
         def restore(m: TrainingModel):
             m.load_trainable(store.load_tensors(folder))
@@ -238,14 +272,9 @@ class Service:
                 store.load_optimizer(folder, m.optimizer)
             m.steps = meta.get("steps", 0)
 
-        if req.model_id is not None:  # into an existing training client, in its order
-            m = self._ready(req.model_id)
-            if (m.base.name, m.lora) != (meta["base_model"], meta["lora"]):
-                raise ApiError(400, f"{req.path} was saved from {meta['base_model']} with LoRA "
-                               f"{meta['lora']}; this client is {m.base.name} with {m.lora}")
-
+        if into is not None:  # into an existing training client, in its order
             def run_into():
-                restore(m)
+                restore(into)
                 return {"path": req.path, "model_id": req.model_id, "type": "load_weights"}
 
             return self._queue(req.model_id, req.seq_id, run_into)
@@ -283,10 +312,15 @@ class Service:
 
     def save_for_sampler(self, req) -> str:
         m = self._ready(req.model_id)
-        if req.path is not None:
-            self._check_name(req.path)
-        elif req.sampling_session_seq_id is None:
-            raise ApiError(400, "save_weights_for_sampler needs path or sampling_session_seq_id")
+
+        def check():
+            if req.path is not None:
+                self._check_name(req.path)
+            elif req.sampling_session_seq_id is None:
+                raise ApiError(400, "save_weights_for_sampler needs path or "
+                               "sampling_session_seq_id")
+
+        self._refused(m, req.seq_id, check)
 
         def run():
             if req.path is not None:
