@@ -40,7 +40,8 @@ def live(tmp_path_factory):
 
     port = free_port()
     cfg = TinkerConfig(port=port, runs_dir=tmp_path_factory.mktemp("tinker_runs"),
-                       models=["tiny"], poll_s=2.0, max_body_bytes=1 << 20)
+                       models=["tiny"], poll_s=2.0, max_body_bytes=1 << 20,
+                       max_training_clients=64)
     service = Service(cfg)
     app = Guard(build_app(service, KEY), KEY, cfg.max_body_bytes)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,

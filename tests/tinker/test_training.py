@@ -83,3 +83,11 @@ def test_two_clients_interleaved(live, tokenizer):
         for n, p in m.named_parameters():
             if ".lora_" not in n:
                 assert p is base[n]
+
+
+def test_close_frees_the_session(live, tokenizer):
+    sc = live.client()
+    tc = sc.create_lora_training_client(base_model="tiny", rank=2, seed=0).result()
+    assert tc.model_id in live.service.models
+    sc.close("success").result()
+    assert tc.model_id not in live.service.models

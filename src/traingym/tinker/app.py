@@ -183,9 +183,11 @@ def build_app(service: Service, api_key: str):
 
     @app.post(v1 + "/sessions/{session_id}/finish")
     async def finish(session_id: str, request: Request):
-        s = service.session(session_id)
-        data = json.loads(await request.body() or b"{}")
-        s["finished"] = s["finished"] or data.get("reason")
+        try:
+            data = json.loads(await request.body() or b"{}")
+        except ValueError:
+            raise ApiError(400, "the request body is not valid JSON", "invalid_json") from None
+        service.finish(session_id, data.get("reason") if isinstance(data, dict) else None)
         return None
 
     @app.post(v1 + "/create_model")

@@ -61,6 +61,17 @@ class Service:
                               "finished": None}
         return {"type": "create_session", "session_id": sid}
 
+    def finish(self, sid: str, reason) -> None:
+        """The session ends (ServiceClient.close): its training clients and samplers are
+        dropped, their memory freed once queued work for them is done; checkpoints stay."""
+        s = self.session(sid)
+        s["finished"] = s["finished"] or reason
+        for mid in [k for k in self.models if k.startswith(f"{sid}:")]:
+            del self.models[mid]
+        for key in [k for k in self.samplers if k.startswith(f"{sid}:")]:
+            del self.samplers[key]
+            self.engines.forget(key)
+
     def session(self, sid: str) -> dict:
         if sid not in self.sessions:
             raise _not_found("session", sid)
