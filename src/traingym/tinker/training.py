@@ -129,7 +129,12 @@ class TrainingModel:
         """What a checkpoint holds: the adapters (LoRA) or every tensor (full)."""
         if self.is_lora:
             return {k: v.contiguous() for k, v in adapter_state(self.model).items()}
-        return {k: v.detach().contiguous() for k, v in self.model.state_dict().items()}
+        out, seen = {}, set()
+        for k, v in self.model.state_dict().items():  # a tied tensor once, under its first name
+            if v.data_ptr() not in seen:
+                seen.add(v.data_ptr())
+                out[k] = v.detach()
+        return out
 
     def load_trainable(self, tensors: dict[str, torch.Tensor]) -> None:
         own = self.trainable()
