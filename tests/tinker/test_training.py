@@ -91,3 +91,24 @@ def test_close_frees_the_session(live, tokenizer):
     assert tc.model_id in live.service.models
     sc.close("success").result()
     assert tc.model_id not in live.service.models
+
+
+def test_forward_backward_custom_runs_on_the_client(live, tokenizer):
+    """The SDK's forward_backward_custom: a forward, the loss on the client, then a
+    cross_entropy backward with weights -dLoss/dlogprobs; the server sees two plain requests."""
+    import torch
+
+    tc = live.client().create_lora_training_client(base_model="tiny", rank=2, seed=9).result()
+    data = [datum(_texts(tokenizer)[0])]
+
+    def mean_nll(data, logprobs_list):
+        loss = -torch.cat(logprobs_list).mean()
+        return loss, {"nll:mean": float(loss)}
+
+    out = tc.forward_backward_custom(data, mean_nll).result()
+    plain = tc.forward(data, "cross_entropy").result()
+    want = -plain.loss_fn_outputs[0]["logprobs"].to_numpy().mean()
+    assert np.isclose(out.metrics["nll:mean"], want, rtol=1e-5)
+    grads = [p.grad for p in live.service.models[tc.model_id].model.parameters()
+             if p.requires_grad and p.grad is not None]
+    assert grads and any(g.abs().sum() > 0 for g in grads)
