@@ -101,3 +101,23 @@ def test_sampling_refusals(live, tokenizer):
                        topk_sample_logprobs=3).result()
     ok = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2)).result()
     assert len(ok.sequences) == 1
+
+
+def test_inflight_samplers_follow_later_saves(live, tokenizer):
+    from tinker import types
+
+    _, tc = _trained(live, tokenizer, seed=8, steps=1)
+    prompt = types.ModelInput.from_ints(tokenizer.encode("What is 2 + 3?"))
+    snap = tc.save_weights_and_get_sampling_client().result()
+    first = tc.save_weights_and_get_sampling_client(kind="inflight").result()
+    before = first.compute_logprobs(prompt).result()
+    data = [datum(tokenizer.encode("What is 2 + 3? The answer is 5."))]
+    tc.forward_backward(data, "cross_entropy")
+    tc.optim_step(types.AdamParams(learning_rate=1e-1)).result()
+    second = tc.save_weights_and_get_sampling_client(kind="inflight").result()
+    now = _forward_logprobs(tc, prompt.to_ints())
+    for client in (first, second):  # both inflight clients serve the newest save
+        np.testing.assert_allclose(client.compute_logprobs(prompt).result()[1:], now,
+                                   rtol=1e-4, atol=1e-4)
+    assert snap.compute_logprobs(prompt).result() == before  # the snapshot did not move
+    assert not np.allclose(before[1:], now, atol=1e-4)

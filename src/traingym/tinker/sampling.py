@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -32,13 +34,32 @@ from traingym.models.scoring import row_logits, token_logprobs
 from traingym.tinker.futures import UserError
 from traingym.tinker.training import Base
 
+_UIDS = itertools.count()
+
+
+@dataclass
+class Weights:
+    """What a sampler serves: tensors under the base's names (None: the base's own). The
+    `inflight` sessions of one training client share one, which each inflight save updates."""
+
+    state: dict[str, torch.Tensor] | None = None
+    version: int = 0
+    uid: int = field(default_factory=lambda: next(_UIDS))  # never reused, unlike id()
+
 
 @dataclass
 class Session:
     sampler_id: str
-    base: Base
-    model_path: str | None
-    state: dict[str, torch.Tensor] | None  # None: the base's own weights
+    base_name: str
+    model_path: str | None = None
+    base: Base | None = None
+    weights: Weights | None = None
+    prepare: Callable[[], tuple[Base, Weights]] | None = None  # run once, on the worker
+
+    def ready(self) -> None:
+        if self.prepare is not None:
+            self.base, self.weights = self.prepare()
+            self.prepare = None
 
 
 class Engines:
@@ -47,13 +68,14 @@ class Engines:
     def __init__(self, dtype: str = "float32", seed: int = 0):
         self.dtype, self.seed = dtype, seed
         self.engines: dict[str, object] = {}
-        self.holding: dict[str, str | None] = {}  # base name -> sampler id (None: the base)
+        self.holding: dict[str, tuple | None] = {}  # base name -> (weights uid, version)
         self.changed: dict[str, set[str]] = {}  # base name -> tensor names not the base's
 
     def engine_for(self, session: Session):
         from traingym.rollout.context import EngineContext
         from traingym.rollout.registry import build
 
+        session.ready()
         name = session.base.name
         if name not in self.engines:
             ctx = EngineContext(engine="torch", model=name, dtype=self.dtype, seed=self.seed)
@@ -66,15 +88,17 @@ class Engines:
                 m.config.tie_word_embeddings = False
             self.engines[name], self.holding[name], self.changed[name] = engine, None, set()
         engine = self.engines[name]
-        if self.holding[name] != session.sampler_id:
+        held = (session.weights.uid, session.weights.version)
+        if self.holding[name] != held:
             self._swap(engine, name, session)
+            self.holding[name] = held
         return engine
 
     def _swap(self, engine, name: str, session: Session) -> None:
         """Push what differs between the engine's current weights and `session`'s: the
         session's own tensors, and the base's back where the last session changed them."""
         base_state = session.base.model.state_dict()
-        new = dict(session.state or {})
+        new = dict(session.weights.state or {})
 
         def is_base(k, v):
             return k in base_state and v.data_ptr() == base_state[k].data_ptr()
@@ -84,12 +108,6 @@ class Engines:
         push.update({k: v for k, v in new.items() if not is_base(k, v) or k in changed})
         engine.update_weights(push, version=engine.version + 1)
         self.changed[name] = {k for k, v in new.items() if not is_base(k, v)}
-        self.holding[name] = session.sampler_id
-
-    def forget(self, sampler_id: str) -> None:
-        for name, held in self.holding.items():
-            if held == sampler_id:
-                self.holding[name] = "-"  # swap in whatever comes next
 
 
 def stop_ids(stop, tokenizer) -> tuple[tuple[int, ...], list[str]]:
@@ -116,10 +134,14 @@ def _cut_at_string(tokens, logprobs, strings, tokenizer):
     return tokens, logprobs, False
 
 
-def sample(engines: Engines, session: Session, req: dict, max_context: int) -> tuple:
+def sample(engines: Engines, session: Session, req: dict) -> tuple:
     """(sequences [(stop_reason, tokens, logprobs)], prompt_logprobs or None)."""
-    tok = session.base.tokenizer
+    session.ready()
+    tok, max_context = session.base.tokenizer, session.base.max_context
     prompt = req["prompt"]
+    vocab = session.base.model.get_input_embeddings().num_embeddings
+    if min(prompt) < 0 or max(prompt) >= vocab:
+        raise UserError(f"prompt token ids outside [0, {vocab})")
     sp = req["sampling_params"]
     ids, strings = stop_ids(sp.get("stop"), tok)
     max_new = sp.get("max_tokens") or 16

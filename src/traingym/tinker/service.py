@@ -16,7 +16,7 @@ from pathlib import Path
 from traingym.tinker import losses, store
 from traingym.tinker.config import TinkerConfig
 from traingym.tinker.futures import Futures, UserError
-from traingym.tinker.sampling import Engines, Session, sample
+from traingym.tinker.sampling import Engines, Session, Weights, sample
 from traingym.tinker.training import Base, TrainingModel, load_base
 from traingym.tinker.wire import forward_backward_output, sample_response
 
@@ -70,7 +70,6 @@ class Service:
             del self.models[mid]
         for key in [k for k in self.samplers if k.startswith(f"{sid}:")]:
             del self.samplers[key]
-            self.engines.forget(key)
 
     def session(self, sid: str) -> dict:
         if sid not in self.sessions:
@@ -340,37 +339,54 @@ class Service:
                                   m.meta())
                 return {"path": path, "type": "save_weights_for_sampler"}
             sid = f"{req.model_id}:sample:{req.sampling_session_seq_id}:{uuid.uuid4().hex[:8]}"
-            self.samplers[sid] = Session(sid, m.base, None, m.sampler_state())
+            if req.kind == "inflight":  # one mutable target per client, updated in place
+                if m.inflight is None:
+                    m.inflight = Weights()
+                m.inflight.state, m.inflight.version = m.sampler_state(), m.inflight.version + 1
+                weights = m.inflight
+            else:
+                weights = Weights(m.sampler_state())
+            self.samplers[sid] = Session(sid, m.base.name, None, m.base, weights)
             return {"sampling_session_id": sid, "type": "save_weights_for_sampler"}
 
         return self._queue(req.model_id, req.seq_id, run)
 
     def create_sampling_session(self, req) -> dict:
+        """The session's id at once; its weights are loaded on the worker before its first
+        sample (a base model, or a checkpoint's adapters merged into it)."""
         self.session(req.session_id)
-        if req.model_path is None and req.base_model is None:
-            raise ApiError(400, "create_sampling_session needs model_path or base_model")
+        sid = f"{req.session_id}:sample:{req.sampling_session_seq_id}"
+        if sid in self.samplers:
+            raise ApiError(409, f"sampling session {sid!r} exists (sampling_session_seq_id "
+                           "used twice)", "exists")
         if req.model_path is None:
+            if req.base_model is None:
+                raise ApiError(400, "create_sampling_session needs model_path or base_model")
             self.check_base(req.base_model)
-            sid = f"{req.session_id}:sample:{req.sampling_session_seq_id}"
-            self.samplers[sid] = Session(sid, self.base(req.base_model), None, None)
+            name = req.base_model
+            self.samplers[sid] = Session(sid, name,
+                                         prepare=lambda: (self.base(name), Weights()))
             return {"type": "create_sampling_session", "sampling_session_id": sid}
         folder, meta = self._checkpoint(req.model_path)
         self.check_base(meta["base_model"])
-        base = self.base(meta["base_model"])
-        sid = f"{req.session_id}:sample:{req.sampling_session_seq_id}"
-        tensors = store.load_tensors(folder)
-        if meta["lora"] is not None:  # adapters: rebuild the merged layers on a throwaway client
-            tmp = TrainingModel("-", base, meta["lora"], meta.get("lora_alpha", 32.0))
-            tmp.load_trainable(tensors)
-            tensors = tmp.sampler_state()
-        self.samplers[sid] = Session(sid, base, req.model_path, tensors)
+
+        def prepare():
+            base = self.base(meta["base_model"])
+            tensors = store.load_tensors(folder)
+            if meta["lora"] is not None:  # adapters: merged through a throwaway client
+                tmp = TrainingModel("-", base, meta["lora"], meta.get("lora_alpha", 32.0))
+                tmp.load_trainable(tensors)
+                tensors = tmp.sampler_state()
+            return base, Weights(tensors)
+
+        self.samplers[sid] = Session(sid, meta["base_model"], req.model_path, prepare=prepare)
         return {"type": "create_sampling_session", "sampling_session_id": sid}
 
     def sampler(self, sid: str) -> dict:
         if sid not in self.samplers:
             raise _not_found("sampling session", sid)
         s = self.samplers[sid]
-        return {"sampler_id": sid, "base_model": s.base.name, "model_path": s.model_path}
+        return {"sampler_id": sid, "base_model": s.base_name, "model_path": s.model_path}
 
     def asample(self, req) -> dict:
         cfg = self.cfg
@@ -392,12 +408,13 @@ class Service:
         if prompt is None:
             raise ApiError(400, "prompt: only token chunks (encoded_text) are supported")
         sp = req.sampling_params.model_dump()
-        vocab = session.base.model.get_input_embeddings().num_embeddings
         problems = []
         if not prompt or len(prompt) > cfg.max_seq_tokens:
             problems.append(f"prompt of {len(prompt)} tokens (1..{cfg.max_seq_tokens})")
-        if any(t < 0 or t >= vocab for t in prompt):
-            problems.append(f"prompt token ids outside [0, {vocab})")
+        if session.base is not None:  # else checked on the worker, once the base is loaded
+            vocab = session.base.model.get_input_embeddings().num_embeddings
+            if any(t < 0 or t >= vocab for t in prompt):
+                problems.append(f"prompt token ids outside [0, {vocab})")
         if not 1 <= req.num_samples <= cfg.max_samples:
             problems.append(f"num_samples {req.num_samples} (1..{cfg.max_samples})")
         if sp.get("max_tokens") is not None and not 1 <= sp["max_tokens"] <= cfg.max_tokens:
@@ -413,7 +430,6 @@ class Service:
         job = {"prompt": prompt, "sampling_params": sp, "num_samples": req.num_samples,
                "prompt_logprobs": bool(req.prompt_logprobs),
                "prompt_logprobs_last_n": req.prompt_logprobs_last_n}
-        rid = self.futures.submit(
-            lambda: sample_response(*sample(self.engines, session, job, session.base.max_context)))
+        rid = self.futures.submit(lambda: sample_response(*sample(self.engines, session, job)))
         return {"request_id": rid,
                 "sample_sequence_ids": [f"{rid}:{i}" for i in range(req.num_samples)]}

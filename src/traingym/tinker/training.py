@@ -96,6 +96,7 @@ class TrainingModel:
     lane: Lane = field(default_factory=Lane)
     steps: int = 0
     user_metadata: dict | None = None
+    inflight: object = None  # sampling.Weights its inflight samplers share, once saved so
 
     def __post_init__(self):
         base = self.base.model
