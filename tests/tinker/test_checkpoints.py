@@ -73,3 +73,25 @@ def test_bad_paths_are_refused(live):
         sc.create_training_client_from_state("tinker://nope:train:0/weights/x").result()
     with pytest.raises(tinker.BadRequestError):
         sc.create_training_client_from_state("tinker://../weights/x").result()
+
+
+def test_rest_reads_and_delete(live, tokenizer):
+    import tinker
+
+    sc = live.client()
+    tc = sc.create_lora_training_client(base_model="tiny", rank=3, seed=1).result()
+    path = tc.save_state("r1").result().path
+    sampler_path = tc.save_weights_for_sampler("r1s").result().path
+    rest = tinker.RestClient(base_url=live.url, api_key=live.key)
+    run = rest.get_training_run(tc.model_id).result()
+    assert (run.base_model, run.is_lora, run.lora_rank) == ("tiny", True, 3)
+    assert run.last_checkpoint.tinker_path == path
+    assert run.last_sampler_checkpoint.tinker_path == sampler_path
+    info = rest.get_weights_info_by_tinker_path(path).result()
+    assert (info.base_model, info.is_lora, info.lora_rank, info.train_mlp) == ("tiny", True, 3,
+                                                                               True)
+    rest.delete_checkpoint_from_tinker_path(path).result()
+    left = rest.list_checkpoints(tc.model_id).result().checkpoints
+    assert [c.tinker_path for c in left] == [sampler_path]
+    with pytest.raises(tinker.NotFoundError):
+        sc.create_training_client_from_state(path).result()

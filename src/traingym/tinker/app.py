@@ -87,6 +87,8 @@ def _validate(model_cls, raw: bytes):
         raise ApiError(400, f"the request body is not valid JSON ({e})", "invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object", "invalid_json")
+    if model_cls is dict:
+        return data
     try:
         return model_cls.model_validate(data)
     except ValidationError as e:
@@ -252,6 +254,22 @@ def build_app(service: Service, api_key: str):
     @app.get(v1 + "/training_runs/{model_id}/checkpoints")
     async def checkpoints(model_id: str):
         return service.checkpoints(model_id)
+
+    @app.delete(v1 + "/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
+    async def delete_checkpoint(model_id: str, checkpoint_id: str):
+        service.delete_checkpoint(model_id, checkpoint_id)
+        return None
+
+    @app.get(v1 + "/training_runs/{model_id}")
+    async def training_run(model_id: str):
+        return service.training_run(model_id)
+
+    @app.post(v1 + "/weights_info")
+    async def weights_info(request: Request):
+        data = _validate(dict, await request.body())
+        if not isinstance(data.get("tinker_path"), str):
+            raise ApiError(400, "weights_info needs {\"tinker_path\": \"tinker://...\"}")
+        return service.weights_info(data["tinker_path"])
 
     @app.post(v1 + "/retrieve_future")
     async def retrieve_future(request: Request):

@@ -117,13 +117,6 @@ class Futures:
             if item.fn is not None:
                 self.work.put(item)
 
-    def finish_now(self, outcome: Outcome) -> str:
-        """A future already done (work that needs no queue, e.g. a refusal found late)."""
-        rid = uuid.uuid4().hex
-        self.pending[rid] = asyncio.Event()
-        self._store(rid, outcome)
-        return rid
-
     def _run(self) -> None:
         while True:
             item = self.work.get()

@@ -11,14 +11,19 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 from traingym.tinker import losses, store
 from traingym.tinker.config import TinkerConfig
 from traingym.tinker.futures import Futures, UserError
+from traingym.tinker.store import KINDS
 from traingym.tinker.sampling import Engines, Session, Weights, sample
 from traingym.tinker.training import Base, TrainingModel, load_base
 from traingym.tinker.wire import forward_backward_output, sample_response
+
+
+KIND_NAMES = tuple(KINDS.values())  # 'training', 'sampler'
 
 
 class ApiError(Exception):
@@ -177,6 +182,7 @@ class Service:
 
     def _queue(self, model_id: str, seq: int | None, fn) -> str:
         m = self._ready(model_id)
+        m.last_request = datetime.now(timezone.utc).isoformat()
         self._busy()
         try:
             return self.futures.submit(fn, m.lane, seq)
@@ -311,6 +317,29 @@ class Service:
             return {"path": req.path, "model_id": model_id, "type": "load_weights"}
 
         return self.futures.submit(run_new)
+
+    def training_run(self, model_id: str) -> dict:
+        """The SDK's TrainingRun for a live training client (its checkpoints from disk)."""
+        m = self._ready(model_id)
+        listed = self.checkpoints(model_id)["checkpoints"]
+        last = {t: [c for c in listed if c["checkpoint_type"] == t] for t in KIND_NAMES}
+        return {"training_run_id": model_id, "base_model": m.base.name, "model_owner": "local",
+                "is_lora": m.is_lora, "lora_rank": m.lora["rank"] if m.lora else None,
+                "last_request_time": m.last_request, "user_metadata": m.user_metadata,
+                "last_checkpoint": (last["training"] or [None])[-1],
+                "last_sampler_checkpoint": (last["sampler"] or [None])[-1]}
+
+    def weights_info(self, path: str) -> dict:
+        _, meta = self._checkpoint(path)
+        lora = meta["lora"] or {}
+        return {"base_model": meta["base_model"], "is_lora": bool(lora),
+                "lora_rank": lora.get("rank"), "train_unembed": lora.get("train_unembed"),
+                "train_mlp": lora.get("train_mlp"), "train_attn": lora.get("train_attn")}
+
+    def delete_checkpoint(self, model_id: str, checkpoint_id: str) -> None:
+        path = f"tinker://{model_id}/{checkpoint_id}"
+        folder, _ = self._checkpoint(path)
+        store.delete(folder)
 
     def checkpoints(self, model_id: str) -> dict:
         try:

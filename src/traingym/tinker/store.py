@@ -104,6 +104,12 @@ def load_optimizer(folder: Path, optimizer: torch.optim.Optimizer) -> None:
                                               scalars))
 
 
+def delete(folder: Path) -> None:
+    """The marker first, so a half-deleted folder is never read as a checkpoint."""
+    (folder / MARKER).unlink()
+    shutil.rmtree(folder)
+
+
 def listing(root: Path, run: str) -> list[dict]:
     """Committed checkpoints of `run`, as the SDK's Checkpoint records, oldest first."""
     out = []

@@ -20,9 +20,9 @@ and zeroes them. Forward passes run in fp32 on the model's device (the CPU here)
 from __future__ import annotations
 
 import copy
-import json
 import random
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +97,8 @@ class TrainingModel:
     steps: int = 0
     user_metadata: dict | None = None
     inflight: object = None  # sampling.Weights its inflight samplers share, once saved so
+    last_request: str = field(
+        default_factory=lambda: datetime.now(timezone.utc).isoformat())
 
     def __post_init__(self):
         base = self.base.model
@@ -214,7 +216,3 @@ class TrainingModel:
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         return {"grad_norm:mean": float(norm), "learning_rate:mean": lr}
-
-
-def dumps_meta(model: TrainingModel) -> str:
-    return json.dumps(model.meta(), indent=1)
