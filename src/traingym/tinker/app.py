@@ -17,8 +17,9 @@ import json
 from contextlib import asynccontextmanager
 
 from traingym.core.asgi import discard_body, send_json
+from traingym.tinker.errors import ApiError
 from traingym.tinker.futures import UserError
-from traingym.tinker.service import ApiError, Service
+from traingym.tinker.service import Service
 from traingym.tinker.wire import read_forward_backward
 
 DRAIN_BYTES, DRAIN_S = 64 << 20, 10.0

@@ -21,9 +21,9 @@ record_stability_info.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
-import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
