@@ -88,3 +88,31 @@ def test_bad_requests_then_still_serving(live, tokenizer):
     # still serving: the refused calls left the client usable, and a new one trains
     out = tc.forward_backward([datum(tokens, weights=[1.0] * n)], "cross_entropy").result()
     assert out.metrics["loss:sum"] > 0
+
+
+def test_zstd_body_and_large_batches_are_split(live, tokenizer):
+    """A zstd-compressed forward_backward body is read; the SDK splits a batch over the
+    server's body limit (sent in the client config) into several requests."""
+    import zstandard
+
+    sc = live.client()
+    tc = sc.create_lora_training_client(base_model="tiny", rank=2, seed=0).result()
+    tokens = tokenizer.encode("What is 4 + 4? 8")
+    body = zstandard.ZstdCompressor().compress(_fb_body(tc.model_id, tokens, seq_id=1))
+    r = _post(live, "forward_backward", content=body, headers={
+        "Content-Type": "application/x-protobuf", "Content-Encoding": "zstd"})
+    assert r.status_code == 200, r.text
+    got = _post(live, "retrieve_future", json={"request_id": r.json()["request_id"]})
+    assert got.headers["content-type"].startswith("application/x-protobuf")
+    # 1 MiB body limit on the test server: ~600 KiB of datums goes as two requests or more
+    tc = sc.create_lora_training_client(base_model="tiny", rank=2, seed=0).result()  # its own
+    long = (tokens * 40)[:200]  # seq_ids: the raw request above used the first one's seq 1
+    many = [datum(long) for _ in range(400)]
+    seen = []
+    original = live.service.forward_backward
+    live.service.forward_backward = lambda req: seen.append(len(req["data"])) or original(req)
+    try:
+        out = tc.forward(many, "cross_entropy").result()
+    finally:
+        del live.service.forward_backward
+    assert len(out.loss_fn_outputs) == 400 and len(seen) >= 2 and sum(seen) == 400

@@ -161,9 +161,13 @@ def build_app(service: Service, api_key: str):
     @app.post(v1 + "/client/config")
     async def client_config(request: Request):
         await body(request, T.ClientConfigRequest)
+        cfg = service.cfg  # the SDK splits forward_backward batches to fit these limits
         return {"pjwt_auth_enabled": False, "credential_default_source": "api_key",
                 "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": False,
-                "custom_loss_server_side": False, "sample_join_sampling_session": False}
+                "custom_loss_server_side": False, "sample_join_sampling_session": False,
+                "fwdbwd_max_chunk_len": min(1024, cfg.max_datums),
+                "fwdbwd_max_chunk_bytes_count": min(5_000_000, cfg.max_body_bytes // 2),
+                "sample_max_concurrent_requests": cfg.max_pending}
 
     @app.post(v1 + "/client/dynamic_config")
     async def dynamic_config(request: Request):

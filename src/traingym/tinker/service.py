@@ -56,10 +56,10 @@ class Service(SamplerCalls):
         dropped, their memory freed once queued work for them is done; checkpoints stay."""
         s = self.session(sid)
         s["finished"] = s["finished"] or reason
-        for mid in [k for k in self.models if k.startswith(f"{sid}:")]:
-            del self.models[mid]
-        for key in [k for k in self.samplers if k.startswith(f"{sid}:")]:
-            del self.samplers[key]
+        for mid in [k for k in list(self.models) if k.startswith(f"{sid}:")]:
+            self.models.pop(mid, None)
+        for key in [k for k in list(self.samplers) if k.startswith(f"{sid}:")]:
+            self.samplers.pop(key, None)
 
     def session(self, sid: str) -> dict:
         if sid not in self.sessions:
