@@ -61,3 +61,25 @@ def test_other_interface_needs_a_key_variable():
     out = subprocess.run([sys.executable, "-m", "traingym.cli", "tinker", "--api-key-env",
                           "NOPE_X"], capture_output=True, text=True, env={**ENV, "NOPE_X": "abc"})
     assert out.returncode == 2 and "tml-" in out.stderr
+
+
+def test_config_file_section_and_flags(tmp_path):
+    from traingym.core.errors import ConfigError
+    from traingym.tinker.server import load_config
+
+    f = tmp_path / "t.toml"
+    f.write_text('steps = 3\n[tinker]\nport = 9001\nmodels = ["tiny"]\nmax_lora_rank = 8\n')
+    cfg = load_config(str(f))
+    assert (cfg.port, cfg.models, cfg.max_lora_rank) == (9001, ["tiny"], 8)
+
+    class Args:
+        host, port, api_key_env, runs_dir = None, 9002, None, str(tmp_path / "r")
+
+    assert load_config(str(f), Args).port == 9002
+    f.write_text('[tinker]\nmax_lora_rnk = 8\n')
+    try:
+        load_config(str(f))
+    except ConfigError as e:
+        assert "max_lora_rnk" in str(e)
+    else:
+        raise AssertionError("an unknown key was accepted")

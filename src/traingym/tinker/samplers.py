@@ -124,6 +124,7 @@ class SamplerCalls:
             raise ApiError(400, "sample: " + "; ".join(problems), "sample")
         self._busy()
         job = {"prompt": prompt, "sampling_params": sp, "num_samples": req.num_samples,
+               "default_max_tokens": cfg.max_tokens,
                "prompt_logprobs": bool(req.prompt_logprobs),
                "prompt_logprobs_last_n": req.prompt_logprobs_last_n}
         rid = self.futures.submit(lambda: sample_response(*sample(self.engines, session, job)))

@@ -9,7 +9,8 @@ engine (and one extra copy of the base). A LoRA session keeps only its merged ad
 the rest are the base's tensors. A model with tied input / output embeddings is untied in the
 engine's copy, so an lm_head adapter (train_unembed) changes the head only.
 
-Sampling follows SamplingParams: max_tokens, temperature (0: greedy), top_k (-1: none), top_p,
+Sampling follows SamplingParams: max_tokens (None: the server's max_tokens, within the
+model's context), temperature (0: greedy), top_k (-1: none), top_p,
 seed (none: a random one), stop (None: the tokenizer's EOS; token ids; strings, cut after the
 first token whose text completes one; []: none). Sampled tokens include the stop token.
 Sampled logprobs are under the sampling distribution (logits / temperature; raw logits when
@@ -144,7 +145,8 @@ def sample(engines: Engines, session: Session, req: dict) -> tuple:
         raise UserError(f"prompt token ids outside [0, {vocab})")
     sp = req["sampling_params"]
     ids, strings = stop_ids(sp.get("stop"), tok)
-    max_new = sp.get("max_tokens") or 16
+    max_new = sp.get("max_tokens") or max(1, min(req["default_max_tokens"],
+                                                  (max_context or 1 << 30) - len(prompt)))
     if max_context and len(prompt) + max_new > max_context:
         raise UserError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_new}) exceeds the "
                         f"model's context of {max_context}")
