@@ -17,10 +17,10 @@ def _full_client(live, sc):
     fut = httpx.post(live.url + "/api/v1/create_model", headers=h, json={
         "session_id": holder.get_session_id(), "model_seq_id": seq, "base_model": "tiny",
         "type": "create_model"}).json()
-    while (r := httpx.post(live.url + "/api/v1/retrieve_future", headers=h, timeout=30,
-                           json={"request_id": fut["request_id"]}).json()).get("type") \
-            == "try_again":
-        pass
+    while (got := httpx.post(live.url + "/api/v1/retrieve_future", headers=h, timeout=30,
+                             json={"request_id": fut["request_id"]})).status_code == 408:
+        assert got.json()["type"] == "try_again"
+    r = got.json()
     info = holder.run_coroutine_threadsafe(fetch_training_info(holder, r["model_id"])).result()
     return TrainingClient(holder, model_seq_id=seq, model_id=r["model_id"], info=info)
 

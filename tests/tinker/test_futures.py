@@ -80,3 +80,24 @@ def test_a_refused_request_uses_up_its_seq_id():
         f.stop()
 
     asyncio.run(main())
+
+
+def test_retrieve_answers_try_again_while_waiting(live):
+    """Over HTTP: a future not done within poll_s is answered 408 with the SDK's try_again
+    body (the test server's poll_s is 2 s); queued behind a slow job here."""
+    import time
+
+    import httpx
+
+    gate = threading.Event()
+    rid = live.service.futures.submit(lambda: gate.wait(30) and {"ok": True})
+    h = {"X-API-Key": live.key}
+    t0 = time.monotonic()
+    r = httpx.post(live.url + "/api/v1/retrieve_future", headers=h, json={"request_id": rid},
+                   timeout=30)
+    assert r.status_code == 408 and r.json()["type"] == "try_again"
+    assert time.monotonic() - t0 >= 1.5  # long-polled, not answered at once
+    gate.set()
+    r = httpx.post(live.url + "/api/v1/retrieve_future", headers=h, json={"request_id": rid},
+                   timeout=30)
+    assert r.status_code == 200 and r.json() == {"ok": True}

@@ -285,8 +285,9 @@ def build_app(service: Service, api_key: str):
             raise ApiError(404, f"no request {req.request_id!r} (unknown, or its result was "
                            "dropped: the server keeps the last kept_results)", "not_found") \
                 from None
-        if outcome is None:
-            return {"type": "try_again", "request_id": req.request_id, "queue_state": "active"}
+        if outcome is None:  # 408 + try_again body: the SDK polls again at once, quietly
+            return JSONResponse({"type": "try_again", "request_id": req.request_id,
+                                 "queue_state": "active"}, status_code=408)
         if outcome.error is not None:
             return {"error": outcome.error, "category": outcome.category}
         if outcome.proto is not None:
