@@ -32,6 +32,8 @@ import torch
 
 from traingym.core.types import GenerationRequest, SamplingParams
 from traingym.models.scoring import row_logits, token_logprobs
+from traingym.rollout.context import EngineContext
+from traingym.rollout.registry import build
 from traingym.tinker.futures import UserError
 from traingym.tinker.training import Base
 
@@ -73,9 +75,6 @@ class Engines:
         self.changed: dict[str, set[str]] = {}  # base name -> tensor names not the base's
 
     def engine_for(self, session: Session):
-        from traingym.rollout.context import EngineContext
-        from traingym.rollout.registry import build
-
         session.ready()
         name = session.base.name
         if name not in self.engines:

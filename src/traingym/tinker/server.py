@@ -26,12 +26,12 @@ def add_parser(sub) -> None:
 
 
 def load_config(path: str | None, args=None):
-    from traingym.core.errors import ConfigError
-    from traingym.tinker.config import TinkerConfig
+    from traingym.core.errors import ConfigError  # heavy: pydantic
+    from traingym.tinker.config import TinkerConfig  # heavy: pydantic
 
     data: dict = {}
     if path:
-        from traingym.config.load import load_file
+        from traingym.config.load import load_file  # heavy: pydantic, torch (the sections)
 
         data = load_file(path)
         data = data.get("tinker", data)
@@ -45,7 +45,7 @@ def load_config(path: str | None, args=None):
 
 
 def api_key(cfg) -> str:
-    from traingym.core.errors import ConfigError
+    from traingym.core.errors import ConfigError  # heavy: pydantic
 
     loopback = cfg.host in ("localhost", "127.0.0.1", "::1")
     if cfg.api_key_env is None:
@@ -61,15 +61,15 @@ def api_key(cfg) -> str:
 
 
 def main(args) -> int:
-    from traingym.core.errors import ConfigError
+    from traingym.core.errors import ConfigError  # heavy: pydantic
 
     cfg = load_config(args.config, args)
     key = api_key(cfg)
     try:
         import uvicorn
 
-        from traingym.tinker.app import Guard, build_app
-        from traingym.tinker.service import Service
+        from traingym.tinker.app import Guard, build_app  # heavy: fastapi (the extra)
+        from traingym.tinker.service import Service  # heavy: torch, transformers, peft
     except ModuleNotFoundError as e:
         raise ConfigError(f"traingym tinker needs {e.name}: pip install 'traingym[tinker]'") \
             from None

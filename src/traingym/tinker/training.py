@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from traingym.core.padding import right_pad
+from traingym.models.loader import load_policy
 from traingym.models.lora import LoraShape, adapter_state, apply_lora, merged_state
 from traingym.models.scoring import token_logprobs
 from traingym.tinker import losses
@@ -56,8 +58,6 @@ class Base:
 
 
 def load_base(name: str, tokenizer_root: Path, seed: int = 0) -> Base:
-    from traingym.models.loader import load_policy
-
     model, tok = load_policy(name, seed=seed)
     model.eval()  # no dropout: forward passes are deterministic
     for p in model.parameters():
@@ -188,8 +188,6 @@ class TrainingModel:
 
     def _target_logprobs(self, data, grad: bool) -> tuple[torch.Tensor, list[int]]:
         """(B, T) log-probs of each datum's target_tokens, right-padded rows, fp32."""
-        from traingym.core.padding import right_pad
-
         pad = self.base.tokenizer.pad_token_id or 0
         rows = [tokens for tokens, _ in data]
         targets = [np.asarray(inputs["target_tokens"]).tolist() for _, inputs in data]
