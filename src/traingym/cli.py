@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _command(args: argparse.Namespace) -> int:
+    if args.command == "tinker":  # imports what it serves with, once its config is read
+        return tinker(args)
     from traingym.config.load import build_config  # heavy: pydantic, safetensors, torch
     from traingym.core.errors import ConfigError  # heavy: pydantic
 
@@ -106,8 +108,6 @@ def _command(args: argparse.Namespace) -> int:
         return plan.run(args)
     if args.command == "serve":
         return serve(args)
-    if args.command == "tinker":
-        return tinker(args)
     if args.command == "report":
         return report(args)
     if args.command in ("eval", "runs", "export"):
