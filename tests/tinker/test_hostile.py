@@ -40,6 +40,7 @@ def test_keys(live):
 
 def test_bad_requests_then_still_serving(live, tokenizer):
     import tinker
+    from tinker import types
 
     sc = live.client()
     with pytest.raises(tinker.BadRequestError, match="not served here"):
@@ -61,6 +62,8 @@ def test_bad_requests_then_still_serving(live, tokenizer):
         "bad token": (_fb_body(model_id, [0, 10**6, 3]), 400, "token ids"),
         "missing input": (_fb_body(model_id, tokens, loss_fn="ppo"), 400, "needs loss_fn"),
         "garbage": (b"\xff\x00garbage", 400, "protobuf"),
+        "2-D weights": (_fb_body(model_id, tokens, weights=types.TensorData(
+            data=[1.0] * 2 * n, dtype="float32", shape=[n, 2])), 400, "only 1-D tensors"),
     }
     for name, (body, status, text) in cases.items():
         r = _post(live, "forward_backward", content=body,
