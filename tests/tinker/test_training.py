@@ -112,3 +112,17 @@ def test_forward_backward_custom_runs_on_the_client(live, tokenizer):
     grads = [p.grad for p in live.service.models[tc.model_id].model.parameters()
              if p.requires_grad and p.grad is not None]
     assert grads and any(g.abs().sum() > 0 for g in grads)
+
+
+def test_a_session_without_heartbeats_expires(live):
+    import httpx
+
+    sc = live.client()
+    tc = sc.create_lora_training_client(base_model="tiny", rank=2, seed=0).result()
+    sid = sc.holder.get_session_id()
+    live.service.sessions[sid]["seen"] -= 10_000  # as if its heartbeats stopped long ago
+    live.service.reap()  # (create_session and every heartbeat call it)
+    assert tc.model_id not in live.service.models
+    r = httpx.post(live.url + "/api/v1/session_heartbeat", headers={"X-API-Key": live.key},
+                   json={"session_id": sid, "type": "session_heartbeat"})
+    assert r.status_code == 410 and "expired" in r.json()["error"]["message"]

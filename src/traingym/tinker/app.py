@@ -186,6 +186,7 @@ def build_app(service: Service, api_key: str):
     @app.post(v1 + "/session_heartbeat")
     async def heartbeat(request: Request):
         service.session((await body(request, T.SessionHeartbeatRequest)).session_id)
+        service.reap()
         return {"type": "session_heartbeat"}
 
     @app.post(v1 + "/sessions/{session_id}/finish")
@@ -194,6 +195,7 @@ def build_app(service: Service, api_key: str):
             data = json.loads(await request.body() or b"{}")
         except ValueError:
             raise ApiError(400, "the request body is not valid JSON", "invalid_json") from None
+        service.session(session_id)  # 404 unknown, 410 closed already
         service.finish(session_id, data.get("reason") if isinstance(data, dict) else None)
         return None
 

@@ -40,5 +40,8 @@ class TinkerConfig(Strict):
     max_training_clients: int = Field(16, ge=1)
     max_pending: int = Field(1024, ge=1, description="requests queued at once; more get 429")
     kept_results: int = Field(4096, ge=16, description="finished futures kept for retrieval")
+    session_timeout_s: float = Field(120.0, gt=0, description="a session with no heartbeat "
+                                     "for this long (the SDK sends one every 10 s) is closed: "
+                                     "its training clients and samplers are dropped")
     poll_s: float = Field(10.0, gt=0, description="how long retrieve_future waits for a "
                           "result before answering try_again")

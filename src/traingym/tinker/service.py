@@ -45,7 +45,15 @@ class Service(SamplerCalls):
         return {"supported_models": [{"model_name": m, "trainable": True, "sampleable": True}
                                      for m in self.cfg.models]}
 
+    def reap(self) -> None:
+        """Close sessions whose heartbeats stopped (a client that died without close)."""
+        cutoff = time.time() - self.cfg.session_timeout_s
+        for sid, s in list(self.sessions.items()):
+            if s["finished"] is None and s["seen"] < cutoff:
+                self.finish(sid, {"type": "expired"})
+
     def create_session(self, req) -> dict:
+        self.reap()
         sid = uuid.uuid4().hex
         self.sessions[sid] = {"created": time.time(), "seen": time.time(), "tags": req.tags,
                               "finished": None}
@@ -54,8 +62,8 @@ class Service(SamplerCalls):
     def finish(self, sid: str, reason) -> None:
         """The session ends (ServiceClient.close): its training clients and samplers are
         dropped, their memory freed once queued work for them is done; checkpoints stay."""
-        s = self.session(sid)
-        s["finished"] = s["finished"] or reason
+        s = self.sessions[sid]
+        s["finished"] = s["finished"] or reason or {"type": "closed"}
         for mid in [k for k in list(self.models) if k.startswith(f"{sid}:")]:
             self.models.pop(mid, None)
         for key in [k for k in list(self.samplers) if k.startswith(f"{sid}:")]:
@@ -65,6 +73,9 @@ class Service(SamplerCalls):
         if sid not in self.sessions:
             raise not_found("session", sid)
         s = self.sessions[sid]
+        if s["finished"] is not None:
+            raise ApiError(410, f"session {sid!r} is closed ({s['finished']}); start a new "
+                           "ServiceClient", "session_closed")
         s["seen"] = time.time()
         return s
 
