@@ -77,3 +77,33 @@ def test_loss_and_gradients_match_traingym(live, tokenizer, loss_fn):
         torch.testing.assert_close(got[n], p.grad, rtol=1e-5, atol=1e-7, msg=n)
         p.grad = None
     assert any(g.abs().sum() > 0 for g in got.values())
+
+
+def test_passes_split_by_padded_tokens():
+    from traingym.tinker.training import passes
+
+    assert passes([3, 3, 3], 9) == [[0, 1, 2]]
+    assert passes([3, 3, 3], 8) == [[0, 1], [2]]
+    assert passes([2, 10, 2], 8) == [[0], [1], [2]]  # a longer datum runs alone
+    assert passes([5], 1) == [[0]]
+
+
+def test_a_request_split_into_passes_gives_the_same_gradient(live, tokenizer):
+    """pass_tokens small enough for one datum a pass: the same loss and gradients (to fp32
+    rounding) as one pass over both."""
+    rows = [tokenizer.encode("What is 3 + 4? The answer is 7."), tokenizer.encode("What is 9")]
+    data = [datum(r) for r in rows]
+    tc = live.client().create_lora_training_client(base_model="tiny", rank=4, seed=7).result()
+    m = live.service.models[tc.model_id]
+    params = {n: p for n, p in m.model.named_parameters() if p.requires_grad}
+    results = []
+    for budget in (8192, 4):
+        m.pass_tokens = budget
+        out = tc.forward_backward(data, "cross_entropy").result()
+        results.append((out.metrics["loss:sum"], {n: p.grad.clone() for n, p in params.items()}))
+        for p in params.values():
+            p.grad = None
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert loss_a == pytest.approx(loss_b, rel=1e-6)
+    for n in grads_a:
+        torch.testing.assert_close(grads_a[n], grads_b[n], rtol=1e-5, atol=1e-6)

@@ -35,6 +35,9 @@ class TinkerConfig(Strict):
                                 "forward_backward batch is one body)")
     max_datums: int = Field(1024, ge=1, description="datums per forward_backward request")
     max_seq_tokens: int = Field(4096, ge=1, description="tokens per datum or prompt")
+    pass_tokens: int = Field(8192, ge=1, description="padded tokens per forward pass: a "
+                             "forward_backward request is split into passes of at most this "
+                             "many (rows x longest row); its logits are 4 x vocab bytes each")
     max_tokens: int = Field(1024, ge=1, description="max_tokens per sample")
     max_samples: int = Field(64, ge=1, description="num_samples per sample request")
     max_training_clients: int = Field(16, ge=1)

@@ -144,7 +144,8 @@ class Service(SamplerCalls):
         def run():
             try:
                 m = TrainingModel(model_id, self.base(req.base_model), lora, self.cfg.lora_alpha,
-                                  user_metadata=req.user_metadata)
+                                  user_metadata=req.user_metadata,
+                                  pass_tokens=self.cfg.pass_tokens)
             except Exception:
                 self.models.pop(model_id, None)
                 raise
@@ -304,7 +305,8 @@ class Service(SamplerCalls):
             try:
                 m = TrainingModel(model_id, self.base(base_name), meta["lora"],
                                   meta.get("lora_alpha", self.cfg.lora_alpha),
-                                  user_metadata=req.user_metadata)
+                                  user_metadata=req.user_metadata,
+                                  pass_tokens=self.cfg.pass_tokens)
                 restore(m)
             except Exception:
                 self.models.pop(model_id, None)

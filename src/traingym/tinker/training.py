@@ -12,7 +12,8 @@ bytes per parameter in fp32).
 LoRA targets follow the SDK's LoraConfig: train_attn -> q/k/v/o_proj, train_mlp -> gate/up/
 down_proj, train_unembed -> lm_head, among the model's linear layers with those names; scale
 alpha / rank with alpha from the server's config (`lora_alpha`). Gradients accumulate across
-forward_backward calls until optim_step, which applies torch's AdamW (lr, betas, eps and
+forward_backward calls (and over the passes one request is split into, at most `pass_tokens`
+padded tokens each) until optim_step, which applies torch's AdamW (lr, betas, eps and
 decoupled weight decay as given per step; `grad_clip_norm` > 0 clips the global norm first)
 and zeroes them. Forward passes run in fp32 on the model's device (the CPU here).
 """
@@ -85,6 +86,21 @@ def lora_targets(model, train_attn: bool, train_mlp: bool, train_unembed: bool) 
     return targets
 
 
+def passes(lengths: list[int], budget: int) -> list[list[int]]:
+    """Datum indices per forward pass, in order: as many datums as fit `budget` padded tokens
+    (rows x the longest row); a longer datum runs alone. The (rows, length, vocab) fp32 logits
+    of one pass are the peak memory of a forward_backward."""
+    out: list[list[int]] = [[]]
+    longest = 0
+    for i, n in enumerate(lengths):
+        if out[-1] and (len(out[-1]) + 1) * max(longest, n) > budget:
+            out.append([])
+            longest = 0
+        out[-1].append(i)
+        longest = max(longest, n)
+    return out
+
+
 @dataclass
 class TrainingModel:
     model_id: str
@@ -96,6 +112,7 @@ class TrainingModel:
     lane: Lane = field(default_factory=Lane)
     steps: int = 0
     user_metadata: dict | None = None
+    pass_tokens: int = 8192  # padded tokens one forward takes (the config's pass_tokens)
     inflight: object = None  # sampling.Weights its inflight samplers share, once saved so
     last_request: str = field(
         default_factory=lambda: datetime.now(timezone.utc).isoformat())
@@ -172,19 +189,24 @@ class TrainingModel:
                     else []):
                 if arr.size and (arr.min() < 0 or arr.max() >= vocab):
                     raise UserError(f"datum {i}: {name} has token ids outside [0, {vocab})")
-        logp_B_T, lengths = self._target_logprobs(data, grad=not req["forward_only"])
-        outputs, total = [], None
-        for b, (tokens, inputs) in enumerate(data):
-            n = lengths[b]
-            tensors = {k: torch.as_tensor(np.array(v, dtype=np.float32))
-                       for k, v in inputs.items() if k != "target_tokens"}
-            per_token = losses.elementwise(loss_fn, logp_B_T[b, :n], tensors, config)
-            total = per_token.sum() if total is None else total + per_token.sum()
-            outputs.append({"logprobs": logp_B_T[b, :n].detach().numpy().astype(np.float32),
-                            "elementwise_loss": per_token.detach().numpy().astype(np.float32)})
-        if not req["forward_only"]:
-            total.backward()
-        return outputs, {"loss:sum": float(total.detach())}
+        outputs, total = [], 0.0
+        for chunk in passes([len(t) for t, _ in data], self.pass_tokens):
+            part = [data[i] for i in chunk]
+            logp_B_T, lengths = self._target_logprobs(part, grad=not req["forward_only"])
+            loss = None
+            for b, (tokens, inputs) in enumerate(part):
+                n = lengths[b]
+                tensors = {k: torch.as_tensor(np.array(v, dtype=np.float32))
+                           for k, v in inputs.items() if k != "target_tokens"}
+                per_token = losses.elementwise(loss_fn, logp_B_T[b, :n], tensors, config)
+                loss = per_token.sum() if loss is None else loss + per_token.sum()
+                outputs.append({"logprobs": logp_B_T[b, :n].detach().numpy().astype(np.float32),
+                                "elementwise_loss": per_token.detach().numpy()
+                                .astype(np.float32)})
+            if not req["forward_only"]:
+                loss.backward()  # gradients add up over passes, as over requests
+            total += float(loss.detach())
+        return outputs, {"loss:sum": total}
 
     def _target_logprobs(self, data, grad: bool) -> tuple[torch.Tensor, list[int]]:
         """(B, T) log-probs of each datum's target_tokens, right-padded rows, fp32."""
