@@ -19,8 +19,8 @@ def free_port() -> int:
 
 
 class Live:
-    def __init__(self, service, url: str):
-        self.service, self.url, self.key = service, url, KEY
+    def __init__(self, service, url: str, folder: str):
+        self.service, self.url, self.key, self.folder = service, url, KEY, folder
 
     def client(self):
         import tinker
@@ -38,9 +38,15 @@ def live(tmp_path_factory):
     from traingym.tinker.config import TinkerConfig
     from traingym.tinker.service import Service
 
+    from traingym.models.loader import tiny_model, tiny_tokenizer
+
+    folder = tmp_path_factory.mktemp("hf_model")  # a local Hugging Face folder as a base
+    tok = tiny_tokenizer()
+    tiny_model(tok, seed=1).save_pretrained(folder)
+    tok.save_pretrained(folder)
     port = free_port()
     cfg = TinkerConfig(port=port, runs_dir=tmp_path_factory.mktemp("tinker_runs"),
-                       models=["tiny"], poll_s=2.0, max_body_bytes=1 << 20,
+                       models=["tiny", str(folder)], poll_s=2.0, max_body_bytes=1 << 20,
                        max_training_clients=64)
     service = Service(cfg)
     app = Guard(build_app(service, KEY), KEY, cfg.max_body_bytes)
@@ -52,7 +58,7 @@ def live(tmp_path_factory):
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.05)
-    yield Live(service, f"http://127.0.0.1:{port}")
+    yield Live(service, f"http://127.0.0.1:{port}", str(folder))
     server.should_exit = True
     thread.join(10)
 

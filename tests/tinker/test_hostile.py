@@ -35,7 +35,7 @@ def test_keys(live):
         tinker.ServiceClient(base_url=live.url, api_key="tml-wrong").create_sampling_client(
             base_model="tiny").result()
     caps = tinker.RestClient(base_url=live.url, api_key=live.key).get_server_capabilities()
-    assert [m.model_name for m in caps.result().supported_models] == ["tiny"]
+    assert [m.model_name for m in caps.result().supported_models] == ["tiny", live.folder]
 
 
 def test_bad_requests_then_still_serving(live, tokenizer):

@@ -121,3 +121,22 @@ def test_inflight_samplers_follow_later_saves(live, tokenizer):
                                    rtol=1e-4, atol=1e-4)
     assert snap.compute_logprobs(prompt).result() == before  # the snapshot did not move
     assert not np.allclose(before[1:], now, atol=1e-4)
+
+
+def test_a_local_folder_base(live, tokenizer):
+    """A Hugging Face folder named in the server's `models`: trains and samples; there the
+    SamplingClient's get_tokenizer (which loads the base model's name) works too."""
+    from tinker import types
+
+    sc = live.client()
+    tc = sc.create_lora_training_client(base_model=live.folder, rank=2, seed=0).result()
+    assert tc.get_info().model_data.model_name == live.folder
+    tokens = tokenizer.encode("What is 6 + 6? 12")
+    fb = tc.forward_backward([datum(tokens)], "cross_entropy")
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    assert fb.result().metrics["loss:sum"] > 0
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    assert sampler.get_tokenizer().encode("What is 6") == tokenizer.encode("What is 6")
+    out = sampler.sample(types.ModelInput.from_ints(tokens[:4]), 2,
+                         types.SamplingParams(max_tokens=3, seed=1)).result()
+    assert [len(s.tokens) <= 3 for s in out.sequences] == [True, True]
