@@ -96,9 +96,9 @@ def test_sampling_refusals(live, tokenizer):
         sampler.sample(prompt, 1, types.SamplingParams(max_tokens=10**6)).result()
     with pytest.raises(tinker.BadRequestError, match="num_samples"):
         sampler.sample(prompt, 1000, types.SamplingParams(max_tokens=2)).result()
-    with pytest.raises(tinker.BadRequestError, match="topk_sample_logprobs"):
-        sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2),
-                       topk_sample_logprobs=3).result()
+    with pytest.raises(tinker.BadRequestError, match="topk_prompt_logprobs"):
+        sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2), include_prompt_logprobs=True,
+                       topk_prompt_logprobs=3).result()
     ok = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2)).result()
     assert len(ok.sequences) == 1
 
@@ -140,3 +140,21 @@ def test_a_local_folder_base(live, tokenizer):
     out = sampler.sample(types.ModelInput.from_ints(tokens[:4]), 2,
                          types.SamplingParams(max_tokens=3, seed=1)).result()
     assert [len(s.tokens) <= 3 for s in out.sequences] == [True, True]
+
+
+def test_top_k_sampled_logprobs(live, tokenizer):
+    from tinker import types
+
+    sampler = live.client().create_sampling_client(base_model="tiny").result()
+    prompt = types.ModelInput.from_ints(tokenizer.encode("What is 3"))
+    out = sampler.sample(prompt, 2, types.SamplingParams(max_tokens=4, temperature=1.0, seed=2,
+                                                         stop=[]),
+                         topk_sample_logprobs=3).result()
+    for seq in out.sequences:
+        assert len(seq.topk_logprobs) == len(seq.tokens) == 4
+        for tok, lp, row in zip(seq.tokens, seq.logprobs, seq.topk_logprobs):
+            lps = [x for _, x in row]
+            assert len(row) == 3 and lps == sorted(lps, reverse=True)
+            assert lp <= lps[0] + 1e-6  # the sampled token is at most the most likely
+            if tok in [t for t, _ in row]:
+                assert abs(dict(row)[tok] - lp) < 1e-5

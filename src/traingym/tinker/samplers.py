@@ -93,8 +93,8 @@ class SamplerCalls:
         else:
             raise ApiError(400, "asample needs sampling_session_id (create_sampling_session "
                            "first)")
-        refused = [k for k in ("topk_prompt_logprobs", "topk_sample_logprobs",
-                               "prompt_alt_tokens_k") if getattr(req, k)]
+        refused = [k for k in ("topk_prompt_logprobs", "prompt_alt_tokens_k")
+                   if getattr(req, k)]
         refused += [k for k in ("target_prompt_logprobs", "record_stability_info")
                     if getattr(req, k)]
         if refused:
@@ -120,11 +120,14 @@ class SamplerCalls:
         if req.prompt_logprobs_last_n is not None and not (
                 req.prompt_logprobs and 1 <= req.prompt_logprobs_last_n < len(prompt)):
             problems.append("prompt_logprobs_last_n needs prompt_logprobs and 1..len(prompt)-1")
+        if not 0 <= req.topk_sample_logprobs <= 20:
+            problems.append(f"topk_sample_logprobs {req.topk_sample_logprobs} (0..20)")
         if problems:
             raise ApiError(400, "sample: " + "; ".join(problems), "sample")
         self._busy()
         job = {"prompt": prompt, "sampling_params": sp, "num_samples": req.num_samples,
                "default_max_tokens": cfg.max_tokens,
+               "topk_sample_logprobs": req.topk_sample_logprobs,
                "prompt_logprobs": bool(req.prompt_logprobs),
                "prompt_logprobs_last_n": req.prompt_logprobs_last_n}
         rid = self.futures.submit(lambda: sample_response(*sample(self.engines, session, job)))

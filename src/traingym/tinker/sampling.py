@@ -16,8 +16,9 @@ first token whose text completes one; []: none). Sampled tokens include the stop
 Sampled logprobs are under the sampling distribution (logits / temperature; raw logits when
 greedy), as traingym's engines report them. prompt_logprobs are log softmax(logits) at
 temperature 1, NaN for the first token (and for tokens before prompt_logprobs_last_n).
-Refused (400): top-k logprobs, target_prompt_logprobs, prompt_alt_tokens_k,
-record_stability_info.
+topk_sample_logprobs: the k most likely tokens at each sampled position, under the same
+distribution. Refused (400): top-k prompt logprobs, target_prompt_logprobs,
+prompt_alt_tokens_k, record_stability_info.
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def sample(engines: Engines, session: Session, req: dict) -> tuple:
     params = SamplingParams(temperature=float(sp.get("temperature", 1.0)),
                             top_p=float(sp.get("top_p", 1.0)),
                             top_k=max(int(sp.get("top_k", -1)), 0), max_new_tokens=max_new,
-                            stop_token_ids=ids)
+                            stop_token_ids=ids, top_logprobs=req.get("topk_sample_logprobs", 0))
     engine = engines.engine_for(session)
     gen = GenerationRequest(tuple(prompt), n=req["num_samples"], params=params,
                             seed=seed if seed is not None else random.getrandbits(62))
@@ -163,7 +164,8 @@ def sample(engines: Engines, session: Session, req: dict) -> tuple:
         if strings:
             tokens, lps, hit = _cut_at_string(tokens, lps, strings, tok)
             reason = "stop" if hit else reason
-        sequences.append((reason, tokens, lps))
+        top = c.top_logprobs[:len(tokens)] if c.top_logprobs is not None else None
+        sequences.append((reason, tokens, lps, top))
     prompt_lps = None
     if req.get("prompt_logprobs"):
         prompt_lps = prompt_logprobs(engine, prompt, req.get("prompt_logprobs_last_n"))

@@ -87,17 +87,23 @@ def forward_backward_output(outputs: list[dict[str, np.ndarray]], metrics: dict)
     return msg.SerializeToString()
 
 
-def sample_response(sequences: list[tuple[str, list[int], list[float]]],
-                    prompt_logprobs: list[float] | None) -> bytes:
-    """sequences: (stop_reason 'stop' | 'length', tokens, logprobs); prompt_logprobs with NaN
-    where none was computed (the first token)."""
+def sample_response(sequences: list[tuple], prompt_logprobs: list[float] | None) -> bytes:
+    """sequences: (stop_reason 'stop' | 'length', tokens, logprobs, top-k or None: per token
+    [(token id, logprob)] most likely first); prompt_logprobs with NaN where none was computed
+    (the first token)."""
     p = pb()
     stops = {"stop": p.STOP_REASON_STOP, "length": p.STOP_REASON_LENGTH}
     msg = p.SampleResponse()
-    for reason, tokens, logprobs in sequences:
-        msg.sequences.add(stop_reason=stops[reason],
-                          tokens=np.asarray(tokens, dtype=np.int32).tobytes(),
-                          logprobs=np.asarray(logprobs, dtype=np.float32).tobytes())
+    for reason, tokens, logprobs, top in sequences:
+        seq = msg.sequences.add(stop_reason=stops[reason],
+                                tokens=np.asarray(tokens, dtype=np.int32).tobytes(),
+                                logprobs=np.asarray(logprobs, dtype=np.float32).tobytes())
+        if top:
+            k = len(top[0])
+            seq.topk_sampled_logprobs.CopyFrom(p.TopkLogprobs(
+                token_ids=np.asarray([[t for t, _ in row] for row in top], np.int32).tobytes(),
+                logprobs=np.asarray([[lp for _, lp in row] for row in top],
+                                    np.float32).tobytes(), k=k, length=len(top)))
     if prompt_logprobs is not None:
         msg.prompt_logprobs = np.asarray(prompt_logprobs, dtype=np.float32).tobytes()
     return msg.SerializeToString()
