@@ -158,3 +158,42 @@ def test_top_k_sampled_logprobs(live, tokenizer):
             assert lp <= lps[0] + 1e-6  # the sampled token is at most the most likely
             if tok in [t for t, _ in row]:
                 assert abs(dict(row)[tok] - lp) < 1e-5
+
+
+def test_concurrent_samples_run_as_one_batch(live, tokenizer):
+    """Sample requests of one session queued together are decoded in one engine call, with the
+    results each would get alone (greedy: the same tokens; log-probs to fp32 rounding); one
+    bad request in the batch fails alone."""
+    import threading
+    import time
+
+    import tinker
+    from tinker import types
+
+    sampler = live.client().create_sampling_client(base_model="tiny").result()
+    texts = ["What is 1", "What is 12 + 3?", "What", "What is 7 * 8? The"]
+    prompts = [types.ModelInput.from_ints(tokenizer.encode(t)) for t in texts]
+    params = types.SamplingParams(max_tokens=5, temperature=0.0, stop=[])
+    alone = [sampler.sample(p, 1, params).result().sequences[0] for p in prompts]
+    engine = next(iter(live.service.engines.engines.values()))
+    gate, calls = threading.Event(), []
+    live.service.futures.submit(lambda: gate.wait(30) and {})  # hold the worker
+    real = engine.generate_sync
+    engine.generate_sync = lambda reqs: calls.append(len(reqs)) or real(reqs)
+    try:
+        futures = [sampler.sample(p, 1, params) for p in prompts]
+        too_long = sampler.sample(prompts[0], 1, types.SamplingParams(max_tokens=1000))
+        deadline = time.monotonic() + 30
+        while sum(1 for q in list(live.service.futures.work) if q is not None and q.key) < 5:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        gate.set()
+        together = [f.result().sequences[0] for f in futures]
+        with pytest.raises(tinker.RequestFailedError, match="exceeds the model's context"):
+            too_long.result()
+    finally:
+        del engine.generate_sync
+    assert calls == [4]
+    for a, b in zip(alone, together):
+        assert a.tokens == b.tokens
+        np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-4, atol=1e-4)

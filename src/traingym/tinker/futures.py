@@ -11,6 +11,8 @@ order and go straight to the worker.
 A result is kept until `kept` newer ones have finished (oldest dropped first), so a client may
 retrieve futures in any order and retrieve one again. An exception in the work fails that
 future only ('user' category for a `UserError`, else 'server'); the worker keeps serving.
+Sample requests of one sampling session that are queued together run as one batch
+(`submit_batched`): they have no order among them, and the engine decodes them at once.
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import queue
 import threading
 import traceback
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable
+
+
+MAX_BATCH = 64  # requests one batched call takes
 
 
 class UserError(ValueError):
@@ -47,6 +51,8 @@ class _Queued:
     n: int
     rid: str = field(compare=False)
     fn: Callable | None = field(compare=False)  # None: a refused request's place
+    key: object = field(compare=False, default=None)  # batched with queued items of this key
+    payload: object = field(compare=False, default=None)
 
 
 class Lane:
@@ -62,7 +68,8 @@ class Futures:
         self.kept, self.max_pending = kept, max_pending
         self.done: OrderedDict[str, Outcome] = OrderedDict()
         self.pending: dict[str, asyncio.Event] = {}
-        self.work: queue.Queue = queue.Queue()
+        self.work: deque[_Queued | None] = deque()
+        self.ready = threading.Condition()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.lock = threading.Lock()
         self.count = itertools.count()
@@ -75,7 +82,7 @@ class Futures:
 
     def stop(self) -> None:
         if self.thread is not None:
-            self.work.put(None)
+            self._put(None)
             self.thread.join(timeout=30)
             self.thread = None
 
@@ -92,7 +99,7 @@ class Futures:
         item = _Queued(seq if seq is not None else 0, next(self.count), rid, fn)
         with self.lock:
             if lane is None:
-                self.work.put(item)
+                self._put(item)
                 return rid
             if seq is None or seq < lane.next:
                 raise UserError(f"seq_id {seq} was already used by this training client "
@@ -115,27 +122,51 @@ class Futures:
             if item.seq == lane.next:
                 lane.next += 1
             if item.fn is not None:
-                self.work.put(item)
+                self._put(item)
+
+    def submit_batched(self, key, payload, run_many: Callable[[list], list]) -> str:
+        """Queue `payload`; when the worker reaches it, every queued payload with the same
+        `key` (up to MAX_BATCH) runs in one `run_many(payloads)` call, which returns one result
+        (or exception) per payload. For requests with no order among them (samples of one
+        sampling session): running them together lets the engine decode them as one batch."""
+        rid = uuid.uuid4().hex
+        self.pending[rid] = asyncio.Event()
+        self._put(_Queued(0, next(self.count), rid, run_many, key, payload))
+        return rid
+
+    def _put(self, item: _Queued | None) -> None:
+        with self.ready:
+            self.work.append(item)
+            self.ready.notify()
+
+    def _take(self) -> list[_Queued] | None:
+        with self.ready:
+            while not self.work:
+                self.ready.wait()
+            item = self.work.popleft()
+            if item is None:
+                return None
+            batch = [item]
+            if item.key is not None:
+                for other in list(self.work):
+                    if len(batch) == MAX_BATCH:
+                        break
+                    if other is not None and other.key == item.key:
+                        self.work.remove(other)
+                        batch.append(other)
+            return batch
 
     def _run(self) -> None:
-        while True:
-            item = self.work.get()
-            if item is None:
-                return
+        while (batch := self._take()) is not None:
+            if batch[0].key is None:
+                self._store(batch[0].rid, _outcome(batch[0].fn))
+                continue
             try:
-                result = item.fn()
-                if isinstance(result, Outcome):
-                    outcome = result
-                elif isinstance(result, bytes):
-                    outcome = Outcome(proto=result)
-                else:
-                    outcome = Outcome(json=result)
-            except UserError as e:
-                outcome = Outcome(error=str(e), category="user")
-            except Exception as e:  # the request fails; the worker keeps serving
-                traceback.print_exc()
-                outcome = Outcome(error=f"{type(e).__name__}: {e}", category="server")
-            self._store(item.rid, outcome)
+                results = batch[0].fn([item.payload for item in batch])
+            except Exception as e:  # the whole call failed: each of its requests fails
+                results = [e] * len(batch)
+            for item, result in zip(batch, results, strict=True):
+                self._store(item.rid, _outcome(lambda r=result: _raise_or(r)))
 
     def _store(self, rid: str, outcome: Outcome) -> None:
         with self.lock:
@@ -158,3 +189,25 @@ class Futures:
         except TimeoutError:
             return None
         return self.done.get(rid)
+
+
+def _raise_or(result):
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def _outcome(fn: Callable) -> Outcome:
+    """Run `fn`; its result or its exception as an Outcome."""
+    try:
+        result = fn()
+    except UserError as e:
+        return Outcome(error=str(e), category="user")
+    except Exception as e:  # the request fails; the worker keeps serving
+        traceback.print_exception(e)
+        return Outcome(error=f"{type(e).__name__}: {e}", category="server")
+    if isinstance(result, Outcome):
+        return result
+    if isinstance(result, bytes):
+        return Outcome(proto=result)
+    return Outcome(json=result)

@@ -9,7 +9,7 @@ import uuid
 
 from traingym.tinker import store
 from traingym.tinker.errors import ApiError, not_found
-from traingym.tinker.sampling import Session, Weights, sample
+from traingym.tinker.sampling import Session, Weights, sample_many
 from traingym.tinker.training import TrainingModel
 from traingym.tinker.wire import sample_response
 
@@ -130,6 +130,10 @@ class SamplerCalls:
                "topk_sample_logprobs": req.topk_sample_logprobs,
                "prompt_logprobs": bool(req.prompt_logprobs),
                "prompt_logprobs_last_n": req.prompt_logprobs_last_n}
-        rid = self.futures.submit(lambda: sample_response(*sample(self.engines, session, job)))
+        def run_many(jobs: list[dict]) -> list:
+            return [r if isinstance(r, Exception) else sample_response(*r)
+                    for r in sample_many(self.engines, session, jobs)]
+
+        rid = self.futures.submit_batched(("sample", session.sampler_id), job, run_many)
         return {"request_id": rid,
                 "sample_sequence_ids": [f"{rid}:{i}" for i in range(req.num_samples)]}

@@ -135,9 +135,9 @@ def _cut_at_string(tokens, logprobs, strings, tokenizer):
     return tokens, logprobs, False
 
 
-def sample(engines: Engines, session: Session, req: dict) -> tuple:
-    """(sequences [(stop_reason, tokens, logprobs)], prompt_logprobs or None)."""
-    session.ready()
+def _request(session: Session, req: dict) -> tuple[GenerationRequest, list[str]]:
+    """The engine request for one sample request, and its stop strings; UserError if it
+    cannot run on this model."""
     tok, max_context = session.base.tokenizer, session.base.max_context
     prompt = req["prompt"]
     vocab = session.base.model.get_input_embeddings().num_embeddings
@@ -155,21 +155,40 @@ def sample(engines: Engines, session: Session, req: dict) -> tuple:
                             top_p=float(sp.get("top_p", 1.0)),
                             top_k=max(int(sp.get("top_k", -1)), 0), max_new_tokens=max_new,
                             stop_token_ids=ids, top_logprobs=req.get("topk_sample_logprobs", 0))
+    return GenerationRequest(tuple(prompt), n=req["num_samples"], params=params,
+                             seed=seed if seed is not None else random.getrandbits(62)), strings
+
+
+def sample_many(engines: Engines, session: Session, reqs: list[dict]) -> list:
+    """One engine call for several sample requests of one session (the engine batches those
+    with equal sampling params); per request its (sequences [(stop_reason, tokens, logprobs,
+    top-k)], prompt_logprobs or None), or the UserError that refused it alone."""
+    session.ready()
+    tok = session.base.tokenizer
+    out: list = [None] * len(reqs)
+    todo: list[tuple[int, GenerationRequest, list[str]]] = []
+    for i, req in enumerate(reqs):
+        try:
+            todo.append((i, *_request(session, req)))
+        except UserError as e:
+            out[i] = e
     engine = engines.engine_for(session)
-    gen = GenerationRequest(tuple(prompt), n=req["num_samples"], params=params,
-                            seed=seed if seed is not None else random.getrandbits(62))
-    sequences = []
-    for c in engine.generate_sync([gen])[0]:
-        tokens, lps, reason = list(c.token_ids), list(c.logprobs), c.finish_reason
-        if strings:
-            tokens, lps, hit = _cut_at_string(tokens, lps, strings, tok)
-            reason = "stop" if hit else reason
-        top = c.top_logprobs[:len(tokens)] if c.top_logprobs is not None else None
-        sequences.append((reason, tokens, lps, top))
-    prompt_lps = None
-    if req.get("prompt_logprobs"):
-        prompt_lps = prompt_logprobs(engine, prompt, req.get("prompt_logprobs_last_n"))
-    return sequences, prompt_lps
+    done = engine.generate_sync([gen for _, gen, _ in todo]) if todo else []
+    for (i, _, strings), completions in zip(todo, done):
+        sequences = []
+        for c in completions:
+            tokens, lps, reason = list(c.token_ids), list(c.logprobs), c.finish_reason
+            if strings:
+                tokens, lps, hit = _cut_at_string(tokens, lps, strings, tok)
+                reason = "stop" if hit else reason
+            top = c.top_logprobs[:len(tokens)] if c.top_logprobs is not None else None
+            sequences.append((reason, tokens, lps, top))
+        prompt_lps = None
+        if reqs[i].get("prompt_logprobs"):
+            prompt_lps = prompt_logprobs(engine, reqs[i]["prompt"],
+                                         reqs[i].get("prompt_logprobs_last_n"))
+        out[i] = (sequences, prompt_lps)
+    return out
 
 
 @torch.no_grad()
