@@ -10,7 +10,6 @@ import uuid
 from traingym.tinker import store
 from traingym.tinker.errors import ApiError, not_found
 from traingym.tinker.sampling import Session, Weights, sample_many
-from traingym.tinker.training import TrainingModel
 from traingym.tinker.wire import sample_response
 
 
@@ -30,7 +29,7 @@ class SamplerCalls:
 
         def run():
             if req.path is not None:
-                tensors = m.trainable() if m.is_lora else m.sampler_state()
+                tensors = m.sampler_tensors()[0]
                 path = store.save(self.root, req.model_id, "sampler_weights", req.path, tensors,
                                   m.meta())
                 return {"path": path, "type": "save_weights_for_sampler"}
@@ -38,10 +37,11 @@ class SamplerCalls:
             if req.kind == "inflight":  # one mutable target per client, updated in place
                 if m.inflight is None:
                     m.inflight = Weights()
-                m.inflight.state, m.inflight.version = m.sampler_state(), m.inflight.version + 1
+                m.inflight.state, m.inflight.scale = m.sampler_tensors()
+                m.inflight.version += 1
                 weights = m.inflight
             else:
-                weights = Weights(m.sampler_state())
+                weights = Weights(*m.sampler_tensors())
             self.samplers[sid] = Session(sid, m.base.name, None, m.base, weights)
             return {"sampling_session_id": sid, "type": "save_weights_for_sampler"}
 
@@ -49,7 +49,7 @@ class SamplerCalls:
 
     def create_sampling_session(self, req) -> dict:
         """The session's id at once; its weights are loaded on the worker before its first
-        sample (a base model, or a checkpoint's adapters merged into it)."""
+        sample (a base model, or a checkpoint's weights: adapters or every tensor)."""
         self.session(req.session_id)
         sid = f"{req.session_id}:sample:{req.sampling_session_seq_id}"
         if sid in self.samplers:
@@ -67,13 +67,9 @@ class SamplerCalls:
         self.check_base(meta["base_model"])
 
         def prepare():
-            base = self.base(meta["base_model"])
-            tensors = store.load_tensors(folder)
-            if meta["lora"] is not None:  # adapters: merged through a throwaway client
-                tmp = TrainingModel("-", base, meta["lora"], meta.get("lora_alpha", 32.0))
-                tmp.load_trainable(tensors)
-                tensors = tmp.sampler_state()
-            return base, Weights(tensors)
+            lora = meta["lora"]
+            scale = meta.get("lora_alpha", 32.0) / lora["rank"] if lora else None
+            return self.base(meta["base_model"]), Weights(store.load_tensors(folder), scale)
 
         self.samplers[sid] = Session(sid, meta["base_model"], req.model_path, prepare=prepare)
         return {"type": "create_sampling_session", "sampling_session_id": sid}

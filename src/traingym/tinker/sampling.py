@@ -5,9 +5,9 @@ One engine per base model, built the project's way (rollout.registry.build from 
 EngineContext, on the base model already loaded); a session's weights are pushed into it with
 the engine's `update_weights` (the RolloutEngine protocol the colocated loop publishes
 through) when a request of another session was served last, so sessions on one base share one
-engine (and one extra copy of the base). A LoRA session keeps only its merged adapted layers;
-the rest are the base's tensors. A model with tied input / output embeddings is untied in the
-engine's copy, so an lm_head adapter (train_unembed) changes the head only.
+engine (and one extra copy of the base). A LoRA session keeps only a copy of its adapters; the
+merged layers exist while the engine serves them. A model with tied input / output embeddings
+is untied in the engine's copy, so an lm_head adapter (train_unembed) changes the head only.
 
 Sampling follows SamplingParams: max_tokens (None: the server's max_tokens, within the
 model's context), temperature (0: greedy), top_k (-1: none), top_p,
@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 
 from traingym.core.types import GenerationRequest, SamplingParams
+from traingym.models.lora import delta
 from traingym.models.scoring import row_logits, token_logprobs
 from traingym.rollout.context import EngineContext
 from traingym.rollout.registry import build
@@ -46,9 +47,25 @@ class Weights:
     """What a sampler serves: tensors under the base's names (None: the base's own). The
     `inflight` sessions of one training client share one, which each inflight save updates."""
 
-    state: dict[str, torch.Tensor] | None = None
+    state: dict[str, torch.Tensor] | None = None  # every tensor, or adapters (with a scale)
+    scale: float | None = None  # alpha / r: `state` holds <module>.lora_{A,B}.weight
     version: int = 0
     uid: int = field(default_factory=lambda: next(_UIDS))  # never reused, unlike id()
+
+    def tensors(self, base_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Under the base's names: adapted layers merged as W + (alpha / r) B A in float32
+        (models/lora.py's arithmetic, as the trainer merges), made when the engine needs
+        them; or the full state as kept."""
+        if self.scale is None or not self.state:
+            return dict(self.state or {})
+        out = {}
+        for key, a in self.state.items():
+            if key.endswith(".lora_A.weight"):
+                module = key.removesuffix(".lora_A.weight")
+                b = self.state[f"{module}.lora_B.weight"]
+                out[f"{module}.weight"] = base_state[f"{module}.weight"].float() + \
+                    delta(a, b, self.scale)
+        return out
 
 
 @dataclass
@@ -99,7 +116,7 @@ class Engines:
         """Push what differs between the engine's current weights and `session`'s: the
         session's own tensors, and the base's back where the last session changed them."""
         base_state = session.base.model.state_dict()
-        new = dict(session.weights.state or {})
+        new = session.weights.tensors(base_state)
 
         def is_base(k, v):
             return k in base_state and v.data_ptr() == base_state[k].data_ptr()

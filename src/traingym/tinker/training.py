@@ -31,7 +31,7 @@ import torch
 
 from traingym.core.padding import right_pad
 from traingym.models.loader import load_policy
-from traingym.models.lora import LoraShape, adapter_state, apply_lora, merged_state
+from traingym.models.lora import LoraShape, adapter_state, apply_lora
 from traingym.models.scoring import token_logprobs
 from traingym.tinker import losses
 from traingym.tinker.futures import Lane, UserError
@@ -168,13 +168,14 @@ class TrainingModel:
                                     f"the model's {list(v.shape)}")
                 v.copy_(tensors[k])  # adapter_state / state_dict tensors share storage
 
-    def sampler_state(self) -> dict[str, torch.Tensor]:
-        """The weights a sampler serves, under the base model's names: merged W + (alpha / r)
-        B A for adapted layers (new tensors), the shared base tensors for the rest (LoRA);
-        a clone of every tensor (full)."""
+    def sampler_tensors(self) -> tuple[dict[str, torch.Tensor], float | None]:
+        """What a sampler of the current weights keeps: a copy of the adapters and their scale
+        alpha / r (LoRA: merged into the base only while the engine serves them), or a copy of
+        every tensor and None (full)."""
         if self.is_lora:
-            return merged_state(self.model)
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            return ({k: v.clone() for k, v in adapter_state(self.model).items()},
+                    self.alpha / self.lora["rank"])
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}, None
 
     # -- the calls -----------------------------------------------------------------------
 
