@@ -126,6 +126,7 @@ class SamplerCalls:
                "topk_sample_logprobs": req.topk_sample_logprobs,
                "prompt_logprobs": bool(req.prompt_logprobs),
                "prompt_logprobs_last_n": req.prompt_logprobs_last_n}
+
         def run_many(jobs: list[dict]) -> list:
             return [r if isinstance(r, Exception) else sample_response(*r)
                     for r in sample_many(self.engines, session, jobs)]
