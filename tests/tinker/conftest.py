@@ -34,11 +34,10 @@ def live(tmp_path_factory):
     require("peft", "LoRA training clients need peft")
     import uvicorn
 
+    from traingym.models.loader import tiny_model, tiny_tokenizer
     from traingym.tinker.app import Guard, build_app
     from traingym.tinker.config import TinkerConfig
     from traingym.tinker.service import Service
-
-    from traingym.models.loader import tiny_model, tiny_tokenizer
 
     folder = tmp_path_factory.mktemp("hf_model")  # a local Hugging Face folder as a base
     tok = tiny_tokenizer()

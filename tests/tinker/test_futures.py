@@ -25,7 +25,7 @@ def test_lane_runs_in_seq_order_and_retrieval_in_any_order():
         assert (await f.wait(r2, 5)).json == {"n": 2}  # again
         assert ran == [1, 2, 3]
         with pytest.raises(UserError, match="seq_id 2 was already used"):
-            f.submit(lambda: {}, lane, 2)
+            f.submit(dict, lane, 2)
         with pytest.raises(KeyError):
             await f.wait("nope", 0.1)
         f.stop()

@@ -197,7 +197,6 @@ def build_app(service: Service, api_key: str):
             raise ApiError(400, "the request body is not valid JSON", "invalid_json") from None
         service.session(session_id)  # 404 unknown, 410 closed already
         service.finish(session_id, data.get("reason") if isinstance(data, dict) else None)
-        return None
 
     @app.post(v1 + "/create_model")
     async def create_model(request: Request):
@@ -265,7 +264,6 @@ def build_app(service: Service, api_key: str):
     @app.delete(v1 + "/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
     async def delete_checkpoint(model_id: str, checkpoint_id: str):
         service.delete_checkpoint(model_id, checkpoint_id)
-        return None
 
     @app.get(v1 + "/training_runs/{model_id}")
     async def training_run(model_id: str):

@@ -24,9 +24,8 @@ import threading
 import traceback
 import uuid
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
-
 
 MAX_BATCH = 64  # requests one batched call takes
 

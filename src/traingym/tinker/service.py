@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from traingym.tinker import losses, store
@@ -179,7 +179,7 @@ class Service(SamplerCalls):
 
     def _queue(self, model_id: str, seq: int | None, fn) -> str:
         m = self._ready(model_id)
-        m.last_request = datetime.now(timezone.utc).isoformat()
+        m.last_request = datetime.now(UTC).isoformat()
         self._busy()
         try:
             return self.futures.submit(fn, m.lane, seq)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -118,7 +118,7 @@ def listing(root: Path, run: str) -> list[dict]:
         for folder in sorted((base / kind).glob("*")) if (base / kind).is_dir() else []:
             if not (folder / MARKER).is_file():
                 continue
-            stamp = datetime.fromtimestamp((folder / MARKER).stat().st_mtime, timezone.utc)
+            stamp = datetime.fromtimestamp((folder / MARKER).stat().st_mtime, UTC)
             out.append({"checkpoint_id": f"{kind}/{folder.name}", "checkpoint_type": ctype,
                         "time": stamp.isoformat(), "tinker_path": f"tinker://{run}/{kind}/"
                         f"{folder.name}", "size_bytes": sum(p.stat().st_size

@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import random
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -115,7 +115,7 @@ class TrainingModel:
     pass_tokens: int = 8192  # padded tokens one forward takes (the config's pass_tokens)
     inflight: object = None  # sampling.Weights its inflight samplers share, once saved so
     last_request: str = field(
-        default_factory=lambda: datetime.now(timezone.utc).isoformat())
+        default_factory=lambda: datetime.now(UTC).isoformat())
 
     def __post_init__(self):
         base = self.base.model
