@@ -350,8 +350,18 @@ def receiver_main(host: str, port: int, versions: int, threads: int) -> None:
                           "hash": sub.hash}), flush=True)
 
 
+def reported_changes(old, new) -> tuple[dict, dict, dict]:
+    """Per tensor, the flat positions where the two bf16 states differ and the bits there in
+    each: what the trainer's optimizer step reports (trainer/step_changes.py) for a step
+    between them, computed here before the timing (its cost inside the step:
+    benchmarks/step_changes.py)."""
+    found = {k: changes(bits(old[k]), bits(new[k])) for k in old}
+    return tuple({k: f[i] for k, f in found.items()} for i in range(3))
+
+
 def run_link(old, new, host_bind: str, connect_to: str, netns: bool,
-             relay_rate: float | None = None, threads: int = 1) -> dict:
+             relay_rate: float | None = None, threads: int = 1, changed: bool = False) -> dict:
+    from traingym.weights.base import Changed
     from traingym.weights.sync import Publisher, PublisherConfig
     from traingym.weights.tcp import TcpConfig, TcpSender
 
@@ -370,11 +380,15 @@ def run_link(old, new, host_bind: str, connect_to: str, netns: bool,
     while sender.n_receivers < 1:
         time.sleep(0.05)
     results = {}
+    pos, a, b = reported_changes(old, new) if changed else (None, None, None)  # old <-> new
     pub = Publisher(sender, PublisherConfig(codec="delta", anchor_budget=10.0, threads=threads))
     for v, (codec, state) in enumerate(plan):
         pub.cfg = PublisherConfig(codec=codec, anchor_budget=10.0, threads=threads)
         t0 = time.time()
-        stats = pub.publish(state, v)
+        hint = None
+        if changed and v:  # v4 goes back from new to old
+            hint = Changed(v - 1, pos, *((b, a) if state is old else (a, b)))
+        stats = pub.publish(state, v, changed=hint)
         line = json.loads(proc.stdout.readline())
         assert line["version"] == v and line["hash"] == pub.hash, line
         results[f"v{v}_{codec}"] = {"seconds": line["t"] - t0, "codec_sent": stats.codec,
@@ -395,11 +409,12 @@ def run_link(old, new, host_bind: str, connect_to: str, netns: bool,
     return results
 
 
-def section_tcp(old, new, copies: int, link: str, threads: int = 1) -> dict:
+def section_tcp(old, new, copies: int, link: str, threads: int = 1,
+                changed: bool = False) -> dict:
     big_old, big_new = tiled(old, copies), tiled(new, copies)
     gb = sum(t.numel() * 2 for t in big_old.values()) / 1e9
     print(f"  state {gb:.2f} GB", flush=True)
-    out = {"state_GB": gb, "threads": threads}
+    out = {"state_GB": gb, "threads": threads, "changed_reported": changed}
     if link == "auto":
         link = "netns" if netns_available() else "relay"
     out["link"] = link
@@ -409,16 +424,17 @@ def section_tcp(old, new, copies: int, link: str, threads: int = 1) -> dict:
             netns_up("1gbit")
             print("  1 Gbit/s veth + tbf:", flush=True)
             out["limited_1gbit"] = run_link(big_old, big_new, HOST_IP, HOST_IP, netns=True,
-                                            threads=threads)
+                                            threads=threads, changed=changed)
         finally:
             netns_down()
     else:
         print("  1 Gbit/s rate-limited loopback relay (no network namespaces):", flush=True)
         out["limited_1gbit"] = run_link(big_old, big_new, "127.0.0.1", "127.0.0.1",
-                                        netns=False, relay_rate=1e9 / 8, threads=threads)
+                                        netns=False, relay_rate=1e9 / 8, threads=threads,
+                                        changed=changed)
     print("  unlimited loopback:", flush=True)
     out["loopback"] = run_link(big_old, big_new, "127.0.0.1", "127.0.0.1", netns=False,
-                               threads=threads)
+                               threads=threads, changed=changed)
     return out
 
 
@@ -445,6 +461,9 @@ def main() -> None:
     ap.add_argument("--cast", default="",
                     help="scaling: also time the sender from fp32 masters: 'first' (cast, "
                          "then compare), 'fused' (compare while casting), or 'first,fused'")
+    ap.add_argument("--changed", action="store_true",
+                    help="tcp: each delta is told the changed positions, as the trainer's "
+                         "optimizer step reports them (no comparison pass on the sender)")
     resultfile.add_args(ap)
     ap.add_argument("--receive", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -481,7 +500,7 @@ def main() -> None:
         res["throughput"] = section_throughput(old, new, args.repeat)
     if "tcp" in sections:
         print(f"tcp end to end on step {mid}", flush=True)
-        res["tcp"] = section_tcp(old, new, args.copies, args.link, args.threads)
+        res["tcp"] = section_tcp(old, new, args.copies, args.link, args.threads, args.changed)
     if "lthash" in sections:
         from weight_sync_scaling import section_lthash
 

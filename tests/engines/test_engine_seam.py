@@ -32,8 +32,8 @@ def test_sync_run_with_a_toy_engine_registered_in_one_line(tmp_path, monkeypatch
     seen = []  # (engine version, engine hash == trainer hash) at every publish
     publish = run.weights.publish
 
-    def checked_publish(state, version):
-        stats = publish(state, version)
+    def checked_publish(state, version, **kw):
+        stats = publish(state, version, **kw)
         seen.append((engine.version, engine.state_hash() ==
                      state_hash(wire_state(state, run.weights.dtype))))
         return stats

@@ -77,8 +77,8 @@ def test_sync_run_trains_through_vllm(model_dir, tmp_path):
     seen = []  # (engine version, its hash == the trainer's, that hash) at every publish
     publish = run.weights.publish
 
-    def checked_publish(state, version):
-        stats = publish(state, version)
+    def checked_publish(state, version, **kw):
+        stats = publish(state, version, **kw)
         want = state_hash(wire_state(state, run.weights.dtype))
         seen.append((engine.version, engine.state_hash() == want, want))
         return stats

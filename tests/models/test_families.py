@@ -35,6 +35,7 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 16}
 GEMMA_SOFT = {"head_dim": 16, "sliding_window": 4, "query_pre_attn_scalar": 20}
+MOE = {"num_experts_per_tok": 2}
 
 # name: (model_type, tied embeddings, extra config)
 CASES = {
@@ -59,10 +60,16 @@ CASES = {
         "sliding_attention", "full_attention"], "rope_parameters": {
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}}}),
+    # sparse MoE blocks (rollout/fused_moe.py); Qwen3-MoE's second layer a dense MLP
+    "qwen3_moe-dense-layer": ("qwen3_moe", False, {**MOE, "head_dim": 16, "num_experts": 8,
+                                                   "moe_intermediate_size": 32,
+                                                   "norm_topk_prob": True,
+                                                   "mlp_only_layers": [1]}),
+    "mixtral-window": ("mixtral", False, {**MOE, "num_local_experts": 8, "sliding_window": 5}),
 }
-WINDOWED = {"mistral-window", "qwen2-untied-window", "gemma2", "gemma3"}
+WINDOWED = {"mistral-window", "qwen2-untied-window", "gemma2", "gemma3", "mixtral-window"}
 TRAINED = ["llama", "mistral-window", "qwen2-untied-window", "qwen3", "gemma", "gemma2",
-           "gemma3"]  # one training run per family
+           "gemma3", "qwen3_moe-dense-layer", "mixtral-window"]  # one training run per family
 
 
 @pytest.fixture(scope="module")

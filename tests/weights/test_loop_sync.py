@@ -51,9 +51,9 @@ class Watched:
             self.served.append((engine.version, self.engine_hash()))
             return await generate(requests)
 
-        def recorded_publish(state, version):
+        def recorded_publish(state, version, **kw):
             self.published[version] = state_hash(wire_state(state, self.dtype))
-            stats = publish(state, version)
+            stats = publish(state, version, **kw)
             self.after_publish[version] = self.engine_hash()
             return stats
 

@@ -92,7 +92,8 @@ class _Dropping(DeltaCodec):
 
     mode = "drop"
 
-    def encode_changes(self, old, new, with_sum=True, cast=None, link_s_per_byte=None):
+    def encode_changes(self, old, new, with_sum=True, cast=None, link_s_per_byte=None,
+                       changed=None):
         payload, changes = super().encode_changes(old, new, with_sum, cast, link_s_per_byte)
         name, start, pos, _ = changes.pieces[0]
         wrong = _clone(new)

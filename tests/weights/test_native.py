@@ -40,6 +40,33 @@ def _pair(rng, dtype, n, density):
     return a, b
 
 
+@pytest.mark.parametrize("n,density", [(0, 0), (5, 1.0), (4099, 0.01), (70_001, 0.02),
+                                       (70_001, 0.5)])
+def test_bf16_changes_match_torchs_casts(lib, n, density):
+    """Values near rounding ties, subnormals, infinities and the largest finite ones included."""
+    rng = np.random.default_rng(n)
+    a = (rng.standard_normal(n) * 0.02).astype(np.float32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, 3.4e38, -3.4e38, 1e-40, -1e-42,
+                        1.0 + 2**-8, 1.0 + 3 * 2**-8, 1.0 + 2**-8 + 2**-20], np.float32)
+    a[: min(n, special.size)] = special[: min(n, special.size)]
+    b = a.copy()
+    k = int(n * density)
+    pos = rng.choice(n, k, replace=False) if k else np.zeros(0, np.int64)
+    b[pos] += (rng.standard_normal(k) * 1e-4).astype(np.float32)
+    ta, tb = (torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+              for x in (a, b))
+    want = np.flatnonzero(ta != tb)
+    for lo in (0, 3):
+        got = native.bf16_changes(a[lo:], b[lo:])
+        w = want[want >= lo]
+        np.testing.assert_array_equal(got[0], w - lo)
+        np.testing.assert_array_equal(got[1], ta[w])
+        np.testing.assert_array_equal(got[2], tb[w])
+    if n:
+        b[n // 2] = np.nan
+        assert native.bf16_changes(a, b) is None
+
+
 @pytest.mark.parametrize("dtype", UINTS)
 @pytest.mark.parametrize("n,density", [(0, 0), (7, 0.5), (1000, 0), (4099, 0.01), (4099, 1.0),
                                        (70_001, 0.003), (70_001, 0.3)])

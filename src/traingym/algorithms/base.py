@@ -42,6 +42,7 @@ class Knobs:
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
     max_new_tokens: int = 8  # rollout.max_new_tokens: the length limit of the overlong rules
+    routing_replay: bool = False  # MoE policies: replay the engine's routes (trainer/replay.py)
 
 
 class Algorithm:

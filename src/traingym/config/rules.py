@@ -15,6 +15,7 @@ def check(cfg) -> None:
     _importance_on(cfg)
     _algorithm_can_run(cfg)
     _async_needs(cfg)
+    _routing_replay(cfg)
 
 
 def check_teacher_temperature(cfg) -> None:
@@ -106,6 +107,21 @@ def _algorithm_can_run(cfg) -> None:
             raise ValueError(f"algorithm.name={name!r} with trainer.optimizer_in_backward is "
                              "not covered (the value head trains beside the model): set "
                              "trainer.optimizer_in_backward = false")
+
+
+def _routing_replay(cfg) -> None:
+    """algorithm.routing_replay needs the engine's routes and the shared-prompt forward."""
+    if not cfg.algorithm.routing_replay:
+        return
+    if not engines.get(cfg.rollout.engine).abilities.reports_routes:
+        raise ValueError(f"algorithm.routing_replay replays the experts the engine routed each "
+                         f"token to, but rollout.engine={cfg.rollout.engine!r} does not report "
+                         f"routes: use {engines._able('reports_routes')}, or set "
+                         "algorithm.routing_replay = false")
+    if cfg.trainer.gradient_checkpointing:
+        raise ValueError("algorithm.routing_replay does not cover "
+                         "trainer.gradient_checkpointing (the backward pass recomputes the "
+                         "forward outside the replay): turn one of them off")
 
 
 def _async_needs(cfg) -> None:

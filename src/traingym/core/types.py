@@ -46,6 +46,11 @@ class Completion:
     top_logprobs: list[list[tuple[int, float]]] | None = None
     """Per token, the `params.top_logprobs` most likely (token id, log-prob) pairs under the
     same distribution as `logprobs`, most likely first; None when not asked for."""
+    routes: Any = None
+    """Mixture-of-experts models, engines with `abilities.reports_routes`: the experts each
+    position was routed to, a numpy integer array (positions, MoE layers, k) over
+    prompt_ids + token_ids[:-1] (every position the engine ran forward; models/moe.py); else
+    None."""
 
 
 @dataclass
@@ -107,6 +112,12 @@ class Sample:
     """Why this sample must be neither trained on nor counted (an env step's StepResult.drop),
     else None; its `reward` is then a placeholder: left out of step means, group rewards
     (envs/group.py), the batch (algorithms/base.py) and evaluation (evaluate.py)."""
+    routes: Any = None
+    """Mixture-of-experts models: the experts the engine routed each position of prompt_ids +
+    completion_ids to, a numpy integer array (positions, MoE layers, k) covering a prefix of
+    them (single-turn: all but the last token; models/moe.py); None where the engine reports
+    no routes. The trainer replays it (algorithm.routing_replay) or measures against it
+    (`moe_route_mismatch`); never written to samples.jsonl."""
 
     def __post_init__(self):
         if self.loss_mask is None:
@@ -116,6 +127,9 @@ class Sample:
         if lengths != (n, n, n):
             raise ValueError(f"Sample: {n} completion ids but (logprobs, versions, loss_mask) "
                              f"lengths {lengths}; all must match")
+        if self.routes is not None and len(self.routes) > len(self.prompt_ids) + n:
+            raise ValueError(f"Sample: routes for {len(self.routes)} positions but only "
+                             f"{len(self.prompt_ids) + n} prompt and completion tokens")
 
 
 @dataclass

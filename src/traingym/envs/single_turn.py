@@ -69,6 +69,7 @@ def to_sample(example, obs: Observation, completion: Completion, tokenizer) -> S
         completion_text=text,
         finish_reason=completion.finish_reason,
         final_text=text,
+        routes=completion.routes,
     )
 
 

@@ -38,6 +38,7 @@ class Transcript:
     logprobs: list[float] = field(default_factory=list)  # 0.0 at environment tokens
     versions: list[int] = field(default_factory=list)  # ENV_VERSION at environment tokens
     turns: int = 0  # policy turns so far
+    routes: Any = None  # the latest turn's Completion.routes: they cover the whole context
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
@@ -63,6 +64,7 @@ class Transcript:
         self.versions += (completion.token_versions
                           or [completion.version] * len(completion.token_ids))
         self.turns += 1
+        self.routes = completion.routes
 
     def env_tokens(self, observation_ids: Sequence[int]) -> list[int]:
         """The ids an observation appends to the context; it must extend it strictly."""
@@ -104,4 +106,5 @@ class Transcript:
             loss_mask=list(self.loss_mask),
             turns=self.turns,
             final_text=tokenizer.decode(self.last_turn(), skip_special_tokens=True),
+            routes=self.routes,
         )

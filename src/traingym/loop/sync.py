@@ -31,7 +31,8 @@ def train_loop(run, start_step: int) -> dict:
             return groups, {}
 
         def publish(state, version):
-            run.weights.publish(state, version=version)
+            take = getattr(run.trainer, "take_changes", None)
+            run.weights.publish(state, version=version, changed=take() if take else None)
             lend(run)
 
         metrics, _ = run_step(run, step, take, publish, algorithm)
@@ -39,8 +40,13 @@ def train_loop(run, start_step: int) -> dict:
 
 
 def lend(run) -> None:
-    """The engine's bf16 tensors are the casts of the weights just published: the trainer's
-    next step may read them instead of casting its own (trainer/casts.py)."""
+    """The weights were just published: the engine's bf16 tensors are their casts, which the
+    trainer's next step may read instead of casting its own (trainer/casts.py), and its
+    optimizer step may record which of those values it changes, so the next publish reads only
+    those (trainer/step_changes.py)."""
     lend_to = getattr(run.trainer, "lend", None)
     if lend_to is not None:
         lend_to(run.weights.lent_casts)
+    track = getattr(run.trainer, "track_changes", None)
+    if track is not None and run.weights.version is not None:
+        track(run.weights.dtype, run.weights.version)

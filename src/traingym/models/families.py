@@ -3,7 +3,8 @@
 A family is what differs between Llama-shaped decoders, read by the fused decode
 (rollout/fused_decoder.py) and the presets: mistral slides a window over every layer; qwen2 adds
 q/k/v biases; qwen3 per-head q/k RMSNorm and a free head_dim; gemma a GeGLU MLP, scaled
-embeddings and RMSNorm x (1 + w); gemma2 sandwich norms, logit soft-capping and alternating
+embeddings and RMSNorm x (1 + w); qwen3_moe and mixtral are qwen3 and mistral with sparse MoE
+blocks (rollout/fused_moe.py); gemma2 sandwich norms, logit soft-capping and alternating
 sliding layers; gemma3 is gemma2 without attention soft-capping, with q/k norms and RoPE per
 layer type. `CHAT_TEMPLATES` follow each family's published text-only format and render
 assistant content verbatim (multi-turn continuation needs it). System text: its own turn
@@ -36,6 +37,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("mistral", ("mistral",), "llama", "hidden_act", "all", False, "mistral"),
     Family("qwen2", ("qwen2",), "llama", "hidden_act", "layer_types", False, "chatml-qwen2.5"),
     Family("qwen3", ("qwen3",), "llama", "hidden_act", "layer_types", False, "qwen3"),
+    Family("qwen3_moe", ("qwen3_moe",), "llama", "hidden_act", "all", False, "qwen3"),
+    Family("mixtral", ("mixtral",), "llama", "hidden_act", "all", False, "mistral"),
     Family("gemma", ("gemma",), "gemma", "hidden_act", "none", True, "gemma"),
     Family("gemma2", ("gemma2",), "gemma", "hidden_activation", "layer_types", True, "gemma",
            attn_softcap=True),

@@ -63,6 +63,12 @@ STEP_FIELDS = [
     F("is_weight_mean", "float", "mean importance weight (algorithm.is_correction on)"),
     F("is_zero_frac", "float", "fraction of tokens with importance weight 0 (masked)"),
     F("is_capped_frac", "float", "fraction of tokens whose importance weight was capped"),
+    # mixture-of-experts policies whose engine reports routes (trainer/replay.py)
+    F("moe_route_mismatch", "float?", "fraction of routed (token, MoE layer) pairs whose "
+      "expert set in the trainer's forward differs from the engine's (0 with "
+      "algorithm.routing_replay); null when no pair was compared"),
+    F("moe_router_mismatch", "float?", "the same for the experts the trainer's router would "
+      "choose (equals moe_route_mismatch without routing replay)"),
     # algorithms with a value head (algorithm.name='ppo', algorithms/ppo.py)
     F("value_loss", "float", "ppo: value loss 0.5 max((V-R)^2, (V_clip-R)^2), mean over policy "
       "tokens (before vf_coef)"),

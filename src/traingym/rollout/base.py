@@ -45,6 +45,9 @@ class EngineAbilities:
     docstring); a distillation teacher needs it (distill.teacher_engine)."""
     scores_at_any_temperature: bool = False
     """`score` applies 1 / T exactly at any T; False: only T = 1 (or T <= 0)."""
+    reports_routes: bool = False
+    """On a mixture-of-experts model (models/moe.py), each Completion carries the experts every
+    position was routed to (`Completion.routes`); algorithm.routing_replay needs it."""
 
 
 class EngineUnavailable(RuntimeError):

@@ -8,11 +8,14 @@ pre-packed once per refresh: a plain bf16 `F.linear` reorders the weight on ever
 kernel, bitwise-identical results), and in fp32 oneDNN's packed kernel beats MKL's at decode
 batch sizes (a second copy of the weights; results round differently from F.linear's, ~1e-6).
 Covered: the families of models/families.py as transformers ships them (biases, tied embeddings,
-sliding windows as HF masks them, RoPE types fixed at load: default, linear, llama3, yarn).
+sliding windows as HF masks them, RoPE types fixed at load: default, linear, llama3, yarn);
+the sparse MoE blocks of Qwen3-MoE and Mixtral (rollout/fused_moe.py). With `routes` set to a
+list, each forward appends the experts it chose, (rows x positions, MoE layers, k), for the
+engine's routing record (models/moe.py).
 Not covered (`unsupported` names the reason; the engine then decodes with HF's forward): other
-model_types (Phi, OLMo, multimodal `gemma3`, MoE ...), dynamic/longrope RoPE, bidirectional
-attention. fp32 logits match HF to ~1e-5, bf16 rounds differently (tests/models/test_families.py);
-only CPU is tested.
+model_types (Phi, OLMo, multimodal `gemma3`, other MoE layouts ...), dynamic/longrope RoPE,
+bidirectional attention. fp32 logits match HF to ~1e-5, bf16 rounds differently
+(tests/models/test_families.py); only CPU is tested.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from traingym.models.families import covered_model_types, family_of, layer_windows
+from traingym.models.moe import route_dtype
+from traingym.rollout.fused_moe import MoeWeights, is_sparse, moe_mlp, moe_weights
 
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed when the model is built
 
@@ -54,6 +59,10 @@ def unsupported(model) -> str | None:
     if dynamic:
         return (f"RoPE type {dynamic} recomputes its frequencies with the sequence length "
                 f"(covered: {', '.join(STATIC_ROPE)})")
+    for layer in inner.layers:
+        if not (is_sparse(layer.mlp) or hasattr(layer.mlp, "gate_proj")):
+            return (f"{type(layer.mlp).__name__} is neither a gated MLP nor a sparse MoE "
+                    "block with fused 3-D experts (rollout/fused_moe.py)")
     return None
 
 
@@ -89,6 +98,7 @@ class _Layer(NamedTuple):
     rope: str | None  # which RoPE (Gemma 3: per layer type)
     scale: float
     softcap: float | None  # attention logit soft-capping (Gemma 2)
+    moe: MoeWeights | None = None  # a sparse MoE block (gu_w ... down_b None then)
 
 
 def _cat_bias(*linears) -> torch.Tensor | None:
@@ -123,6 +133,7 @@ class FusedDecoder:
         types = getattr(c, "layer_types", None)
         self.layer_ropes = [types[i] if None not in self.ropes else None
                             for i in range(c.num_hidden_layers)]
+        self.routes: list[torch.Tensor] | None = None  # a list: record each forward's routes
         self.refresh()
 
     def _prepare(self, w: torch.Tensor) -> torch.Tensor:
@@ -162,22 +173,29 @@ class FusedDecoder:
             a, m = layer.self_attn, layer.mlp
             sandwich = hasattr(layer, "pre_feedforward_layernorm")
             q_norm = getattr(a, "q_norm", None)
+            sparse = moe_weights(m) if is_sparse(m) else None
+            if sparse is None:
+                gu_w, gu_b = pre(torch.cat([m.gate_proj.weight, m.up_proj.weight])), \
+                    _cat_bias(m.gate_proj, m.up_proj)
+                down_w, down_b = pre(m.down_proj.weight), m.down_proj.bias
+            else:
+                gu_w = gu_b = down_w = down_b = None
             self.layers.append(_Layer(
                 nw(layer.input_layernorm),
                 pre(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
                 _cat_bias(a.q_proj, a.k_proj, a.v_proj),
                 pre(a.o_proj.weight), a.o_proj.bias,
                 nw(layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm),
-                pre(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
-                _cat_bias(m.gate_proj, m.up_proj),
-                pre(m.down_proj.weight), m.down_proj.bias,
+                gu_w, gu_b, down_w, down_b,
                 nw(q_norm) if q_norm is not None else None,
                 nw(a.k_norm) if q_norm is not None else None,
                 nw(layer.post_attention_layernorm) if sandwich else None,
                 nw(layer.post_feedforward_layernorm) if sandwich else None,
                 self.windows[i], self.layer_ropes[i], float(a.scaling),
-                a.attn_logit_softcapping if self.family.attn_softcap else None,
+                a.attn_logit_softcapping if self.family.attn_softcap else None, sparse,
             ))
+        sparse = [x.moe for x in self.layers if x.moe is not None]
+        self.route_dtype = route_dtype(sparse[0].router.shape[0]) if sparse else None
         self.norm = nw(self.model.model.norm)
         self.lm_head = pre(self.model.lm_head.weight)
         self.lm_head_bias = self.model.lm_head.bias
@@ -275,8 +293,9 @@ class FusedDecoder:
         rms, linear, rotate = self._rms, self._linear, self._rotate
         ropes = self._rope(pos_B_T, h.dtype)
         end = start + T if isinstance(start, int) else None
+        routes = []  # the experts each MoE layer chose, (B*T, k)
         for (ln1, qkv_w, qkv_b, o_w, o_b, ln2, gu_w, gu_b, down_w, down_b, q_norm, k_norm,
-             post_attn, post_ff, window, rope, scale, softcap), (k_cache, v_cache) in zip(
+             post_attn, post_ff, window, rope, scale, softcap, sparse), (k_cache, v_cache) in zip(
                 self.layers, cache):
             qkv = linear(rms(h, ln1), qkv_w, qkv_b).view(B, T, H + 2 * KV, D).transpose(1, 2)
             q, k, v = qkv[:, :H], qkv[:, H : H + KV], qkv[:, H + KV :]
@@ -305,9 +324,15 @@ class FusedDecoder:
                                              scale, softcap)
             out = linear(att.transpose(1, 2).reshape(B, T, H * D), o_w, o_b)
             h = h + (rms(out, post_attn) if post_attn is not None else out)
-            gate, up = linear(rms(h, ln2), gu_w, gu_b).chunk(2, -1)
-            out = linear(self.act(gate) * up, down_w, down_b)
+            if sparse is not None:
+                out, ids_N_K = moe_mlp(rms(h, ln2), sparse, self.act)
+                routes.append(ids_N_K)
+            else:
+                gate, up = linear(rms(h, ln2), gu_w, gu_b).chunk(2, -1)
+                out = linear(self.act(gate) * up, down_w, down_b)
             h = h + (rms(out, post_ff) if post_ff is not None else out)
+        if self.routes is not None and routes:
+            self.routes.append(torch.stack(routes, 1).to(self.route_dtype))
         return h
 
     @staticmethod

@@ -9,6 +9,9 @@ In-flight updates: with `between_steps` set, it is called before every decode fo
 later tokens come from the new weights, each completion records per-token versions, and the earlier
 KV cache is kept (as PipelineRL does). Step-level decoding for `traingym serve` is `step_decoder()`
 (rollout/continuous.py).
+Mixture-of-experts models (models/moe.py: Qwen3-MoE, Mixtral; fused: rollout/fused_moe.py): each
+completion carries its routes (`Completion.routes`: the experts of each MoE layer at every prompt
+and completion position the engine ran), for routing replay in the trainer.
 Not covered: stop strings (stop token ids only), speculative decoding, paged attention.
 """
 
@@ -26,6 +29,7 @@ from transformers import DynamicCache
 from traingym.core.padding import left_pad, repeat_cache_rows
 from traingym.core.precision import engine_dtype
 from traingym.core.types import Completion, GenerationRequest, SamplingParams
+from traingym.models import moe
 from traingym.models.scoring import contiguous_head_input, row_logits, token_logprobs
 from traingym.rollout.base import EngineAbilities
 from traingym.rollout.continuous import StepDecoder
@@ -71,7 +75,7 @@ class TorchEngine:
 
     abilities = EngineAbilities(takes_weights=True, inflight_updates=True,
                                 crosses_processes=True, scores_tokens=True,
-                                scores_at_any_temperature=True)
+                                scores_at_any_temperature=True, reports_routes=True)
 
     @classmethod
     def from_context(cls, ctx, model, tokenizer, options: Options) -> TorchEngine:
@@ -95,6 +99,7 @@ class TorchEngine:
         self.between_steps: Callable[[], None] | None = None
         # The fused decode path (rollout/fused_decoder.py) where the architecture allows it.
         self.fused = FusedDecoder(self.model) if fused and supports(self.model) else None
+        self.records_routes = bool(moe.routers(self.model))  # MoE: each sample's routes
         # per instance: step-level decoding (continuous batching) needs the fused path
         self.abilities = dataclasses.replace(TorchEngine.abilities,
                                              step_decoding=self.fused is not None)
@@ -221,6 +226,27 @@ class TorchEngine:
 
     @torch.no_grad()
     def _run(self, requests: list[GenerationRequest], params: SamplingParams):
+        if not self.records_routes:
+            return self._decode(requests, params)
+        if self.fused is not None:  # it records the experts it chose
+            self.fused.routes = []
+            try:
+                out = self._decode(requests, params)
+            finally:
+                calls, self.fused.routes = self.fused.routes, None
+        else:
+            with moe.routing(self.model) as log:
+                out = self._decode(requests, params)
+            calls = log.chosen
+        routes = iter(moe.engine_routes(calls, [len(r.prompt_ids) for r in requests],
+                                        [r.n for r in requests],
+                                        [len(c.token_ids) for cs in out for c in cs]))
+        for comps in out:
+            for c in comps:
+                c.routes = next(routes)
+        return out
+
+    def _decode(self, requests: list[GenerationRequest], params: SamplingParams):
         device = next(self.model.parameters()).device
         ids_P_T, mask_P_T = left_pad([r.prompt_ids for r in requests], self.pad_token_id, device)
         pos_P_T = (mask_P_T.cumsum(-1) - 1).clamp(min=0)

@@ -33,6 +33,13 @@ class TrainerConfig(Strict):
         "gradient_checkpointing bounds its activations). A non-finite gradient is seen only "
         "after the parameters took it: the step raises and the run resumes from a checkpoint")
     micro_batch_groups: int = Field(4, ge=1, description="groups per forward/backward pass")
+    emit_changes: bool = Field(
+        False, description="the optimizer step records which of the engine's (narrower-dtype) "
+        "values it changes, and their values, so the delta weight sync reads neither state "
+        "instead of comparing the whole model; weights and moments are bitwise the same "
+        "(trainer/step_changes.py). Off by default: on a CPU the record costs the step more "
+        "than it saves the sync (benchmarks/step_changes.py). Applies to "
+        "'adamw' stepped after the backward pass on one rank, not LoRA")
     bf16_autocast: bool | Literal["auto"] = Field(
         "auto", description="bf16 autocast for forward/backward (master weights and optimizer "
         "stay fp32); 'auto': on where the device has fast bf16 kernels (precision.py)")

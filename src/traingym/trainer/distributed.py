@@ -38,6 +38,7 @@ from traingym.trainer.rank import (
     trainable_names,
 )
 from traingym.trainer.optimizers import make_optimizer
+from traingym.trainer.replay import route_fractions
 from traingym.trainer.torch_trainer import batch_tokens, check_finite, empty_metrics
 
 GRACE_S = 5.0  # after rank 0 fails, how long a worker's own error report may take to arrive
@@ -143,7 +144,8 @@ class DistributedTrainer:
                 if k != "grad_norm":
                     stats[k] = stats.get(k, 0.0) + v
         grad_norm = check_finite(mine["grad_norm"])  # every rank skipped the step alike
-        return {**stats, "grad_norm": grad_norm, "trained_tokens": total, "lr": self.cfg.lr}
+        return route_fractions({**stats, "grad_norm": grad_norm, "trained_tokens": total,
+                                "lr": self.cfg.lr})  # MoE route counts: trainer/replay.py
 
     def export(self) -> dict[str, torch.Tensor]:
         self._check_open()

@@ -18,9 +18,15 @@ import logging
 
 import torch
 
+from traingym.core import memory
 from traingym.trainer.config import TrainerConfig
 
 QMAPS = ("qmap1", "qmap2")  # bitsandbytes' quantization maps: constants shared by all tensors
+# StepInBackward returns the heap's free pages before stepping a parameter this large: the step's
+# temporaries (fp32 copies of its moments, for 8-bit AdamW) would otherwise land beside the
+# activations the backward pass has freed but the heap still holds (Llama-3.2-1B shape, where
+# only its tied embedding is this large: 21.43 GB peak without, 18.78 GB with; big_models.py).
+TRIM_BEFORE_STEP_BYTES = 256 << 20
 
 
 def make_optimizer(model, cfg: TrainerConfig, value_head=None,
@@ -79,7 +85,8 @@ class StepInBackward:
     complete (a post-accumulate-grad hook), with the optimizer's own step on that parameter
     alone (the same update as a step after the backward pass), then frees the gradient. Every
     backward pass through the parameters is a step. `finish()` after it returns the
-    gradients' global norm, accumulated in the hooks."""
+    gradients' global norm, accumulated in the hooks. Before stepping a parameter of
+    TRIM_BEFORE_STEP_BYTES or more, the heap's free pages go back to the system."""
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.optimizer = optimizer
@@ -96,6 +103,8 @@ class StepInBackward:
         groups = opt.param_groups
         group = groups[self._group[id(p)]]
         params = group["params"]
+        if p.numel() * p.element_size() >= TRIM_BEFORE_STEP_BYTES:
+            memory.trim()
         opt.param_groups, group["params"] = [group], [p]  # the step sees this parameter alone
         try:
             opt.step()

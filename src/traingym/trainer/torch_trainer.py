@@ -12,6 +12,8 @@ per-token advantages; it may add a KL reference (`kl_coef > 0`, log-probs once p
 value head (`needs_values`, trainer/value_head.py: checkpointed, never exported) or a teacher
 (`needs_teacher`, trainer/teacher.py). Environment tokens (`loss_mask` 0) are context only.
 A batch whose groups were all dropped makes no update but counts as a step (mismatch null).
+Mixture-of-experts policies: the policy forward replays the engine's routes with
+`algorithm.routing_replay`, and steps report `moe_route_mismatch` (trainer/replay.py).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from traingym.trainer.config import TrainerConfig
 from traingym.trainer.logprobs import completion_logprobs
 from traingym.trainer.micro import micro_batches, sequence_logprobs
 from traingym.trainer.optimizers import StepInBackward, make_optimizer
+from traingym.trainer.replay import RouteReplay, route_fractions
+from traingym.trainer.step_changes import ChangeTracking, trackable
 from traingym.trainer.value_head import make_value_head, value_targets, values_of
 
 
@@ -69,6 +73,8 @@ class TorchTrainer:
                       or model.gradient_checkpointing_enable)
             enable({"use_reentrant": False})
             self.logprobs = sequence_logprobs
+        self.routes = RouteReplay(model, algorithm.knobs.routing_replay,
+                                  cfg.gradient_checkpointing)  # MoE: trainer/replay.py
         self.forward_model = wrap(model) if wrap is not None else model
         self._loan = None  # lend(): bf16 casts for the next step only (trainer/casts.py)
         self._lendable: set[str] | None = None
@@ -82,6 +88,7 @@ class TorchTrainer:
                                         algorithm.options.value_lr_scale
                                         if self.value_head is not None else 1.0)
         self.in_backward = StepInBackward(self.optimizer) if cfg.optimizer_in_backward else None
+        self._tracking: ChangeTracking | None = None  # track_changes()
 
     def _autocast(self):
         device = next(self.model.parameters()).device.type
@@ -100,8 +107,8 @@ class TorchTrainer:
         grad_norm = check_finite(self.clip_and_step())
         self.optimizer.zero_grad(set_to_none=True)  # no gradients held through the publish
         memory.trim()
-        return {**stats, "grad_norm": grad_norm, "trained_tokens": total_tokens,
-                "lr": self.cfg.lr}
+        return route_fractions({**stats, "grad_norm": grad_norm,
+                                "trained_tokens": total_tokens, "lr": self.cfg.lr})
 
     def accumulate(self, groups, advantages_G, total_tokens: int, scale: float = 1.0,
                    denom: float | None = None) -> dict:
@@ -134,7 +141,8 @@ class TorchTrainer:
         if knobs.entropy_coef > 0:
             extra["entropy_grad"] = True
         for n, (chunk, advantages) in enumerate(chunks):
-            with self._autocast(), trace.span("forward", cat="trainer", micro=n):
+            with self._autocast(), trace.span("forward", cat="trainer", micro=n), \
+                    self.routes.forward(chunk, stats):
                 out = self.logprobs(self._policy(), *rows[n], **extra)
             mask = out.mask_B_T  # policy tokens only
             adv_B = torch.tensor([a for adv in advantages for a in adv], dtype=torch.float32,
@@ -228,7 +236,8 @@ class TorchTrainer:
         the batch for its log-probs, the KL to the reference, then the algorithm's shaping."""
         parts = []
         for (chunk, advantages), r, ref in zip(chunks, rows, refs):
-            logp = self._no_grad_logp(self.forward_model, r)
+            with self.routes.forward(chunk, {}):  # MoE: the policy's routes replayed
+                logp = self._no_grad_logp(self.forward_model, r)
             mask = completion_mask(chunk, logp)
             adv_B = torch.tensor([a for adv in advantages for a in adv], dtype=torch.float32)
             parts.append((adv_B.to(logp.device), self.algorithm.kl(logp, ref) * mask, mask))
@@ -256,8 +265,34 @@ class TorchTrainer:
                 grad_norm = float(torch.nn.utils.get_total_norm(
                     [p.grad for p in params if p.grad is not None]))
             if math.isfinite(grad_norm):
-                self.optimizer.step()
+                (self._tracking.step if self._tracking is not None else self.optimizer.step)()
         return grad_norm
+
+    def track_changes(self, dtype: torch.dtype, version: int) -> None:
+        """The weights now are what `version` published as `dtype`: from here the optimizer
+        step records which of those values it changes, for `take_changes()` at the next
+        publish (trainer/step_changes.py). Ignored (take_changes: None) unless `dtype` is
+        narrower than the weights and the optimizer steps after the backward pass as torch's
+        fused AdamW on one process's own tensors, exported as they are (not LoRA's merge)."""
+        if self._tracking is None:
+            params = list(self.model.parameters())
+            if (not self.cfg.emit_changes or type(self).export is not TorchTrainer.export
+                    or self.in_backward is not None
+                    or self.forward_model is not self.model
+                    or not trackable(self.optimizer)
+                    or any(torch.empty(0, dtype=dtype).element_size() >= p.element_size()
+                           for p in params)):
+                return
+            names: dict = {}
+            for name, p in self.model.named_parameters(remove_duplicate=False):
+                names.setdefault(p, []).append(name)
+            self._tracking = ChangeTracking(self.optimizer, names, dtype)
+        if self._tracking.dtype == dtype:
+            self._tracking.arm(version)
+
+    def take_changes(self):
+        """The values changed since `track_changes` (weights/base.py Changed), or None."""
+        return self._tracking.take() if self._tracking is not None else None
 
     def _importance(self, trainer_B_T, engine_B_T, mask_B_T, sums: dict) -> torch.Tensor | None:
         """Importance weights (None: no correction); adds their sums to `sums`."""

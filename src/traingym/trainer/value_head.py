@@ -49,7 +49,7 @@ def value_targets(trainer, chunks, rows, refs) -> ValueTargets:
     parts = []
     for (chunk, advantages), r, ref in zip(chunks, rows, refs):
         with torch.no_grad():
-            with trainer._autocast():
+            with trainer._autocast(), trainer.routes.forward(chunk, {}):  # MoE: replay.py
                 out = trainer.logprobs(trainer.forward_model, *r, hidden=True)
             mask = out.mask_B_T.float()
             values = values_of(trainer.value_head, out.hidden_B_T_H, mask)

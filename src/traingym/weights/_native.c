@@ -112,6 +112,78 @@ static PyObject *changes(PyObject *self, PyObject *args) {
     return Py_BuildValue("nn", count, i);
 }
 
+/* fp32 bits -> bf16 bits, rounded to nearest even, as torch casts a finite value (NaN is not
+ * handled here: bf16_changes refuses it). */
+static inline uint16_t bf16_rne(uint32_t u) {
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* The loop of `bf16_changes` below; -> where it stopped, or -1 at a NaN. */
+static CLONES Py_ssize_t bf16_kernel(const uint32_t *x, const uint32_t *y, Py_ssize_t n,
+                                     Py_ssize_t i, Py_ssize_t cap, int64_t *pos, uint16_t *xo,
+                                     uint16_t *yo, Py_ssize_t *count_out) {
+    Py_ssize_t count = 0;
+    /* 32 at a time: the largest magnitude bits (a NaN is above infinity's) and a flag per
+     * element whose casts differ, both in loops the compiler vectorizes; then each flag */
+    for (; i + 32 <= n && count + 32 <= cap; i += 32) {
+        uint32_t big = 0, any = 0;
+        uint8_t diff[32];
+        for (int j = 0; j < 32; j++) {
+            uint32_t a = x[i + j], b = y[i + j];
+            uint32_t ma = a & 0x7FFFFFFFu, mb = b & 0x7FFFFFFFu;
+            big = big > ma ? big : ma;
+            big = big > mb ? big : mb;
+            diff[j] = (uint8_t)(bf16_rne(a) != bf16_rne(b));
+            any |= diff[j];
+        }
+        if (big > 0x7F800000u) { *count_out = count; return -1; }
+        if (!any) continue;
+        uint32_t mask = 0;
+        for (int j = 0; j < 32; j++) mask |= (uint32_t)diff[j] << j;
+        while (mask) {
+            Py_ssize_t k = i + __builtin_ctz(mask);
+            pos[count] = k; xo[count] = bf16_rne(x[k]); yo[count] = bf16_rne(y[k]); count++;
+            mask &= mask - 1;
+        }
+    }
+    for (; i < n && count < cap; i++) {
+        uint32_t a = x[i], b = y[i];
+        if ((a & 0x7FFFFFFFu) > 0x7F800000u || (b & 0x7FFFFFFFu) > 0x7F800000u) {
+            *count_out = count;
+            return -1;
+        }
+        if (bf16_rne(a) != bf16_rne(b)) {
+            pos[count] = i; xo[count] = bf16_rne(a); yo[count] = bf16_rne(b); count++;
+        }
+    }
+    *count_out = count;
+    return i;
+}
+
+/* bf16_changes(a, b, start, pos_out, a_out, b_out) -> (count, next): a and b fp32 buffers; the
+ * positions i >= start where their bf16 casts differ, and both casts there (uint16), until
+ * the outputs are full; next is -1 where a value is NaN (trainer/step_changes.py). */
+static PyObject *bf16_changes(PyObject *self, PyObject *args) {
+    Py_ssize_t start;
+    Py_buffer a, b, po, ao, bo;
+    if (!PyArg_ParseTuple(args, "y*y*nw*w*w*", &a, &b, &start, &po, &ao, &bo)) return NULL;
+    Py_ssize_t n = a.len / 4, cap = po.len / 8, count = 0, i = start;
+    if (need(&b, a.len, "b") || need(&ao, cap * 2, "a_out") || need(&bo, cap * 2, "b_out")
+        || start < 0 || start > n) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "start out of range");
+        RELEASE(&a, &b, &po, &ao, &bo);
+        return NULL;
+    }
+    const uint32_t *x = a.buf, *y = b.buf;
+    int64_t *pos = po.buf;
+    uint16_t *xo = ao.buf, *yo = bo.buf;
+    Py_BEGIN_ALLOW_THREADS
+    i = bf16_kernel(x, y, n, i, cap, pos, xo, yo, &count);
+    Py_END_ALLOW_THREADS
+    RELEASE(&a, &b, &po, &ao, &bo);
+    return Py_BuildValue("nn", count, i);
+}
+
 /* The loop of `small` below: from i, until n or the output is full; -> where it stopped. */
 static CLONES Py_ssize_t small_kernel(int w, const uint8_t *pa, u64 mag, u64 bound, Py_ssize_t n,
                                       Py_ssize_t i, Py_ssize_t cap, int64_t *pos,
@@ -726,6 +798,8 @@ static PyObject *plan(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"changes", changes, METH_VARARGS, "positions where two arrays differ, and both values"},
+    {"bf16_changes", bf16_changes, METH_VARARGS, "positions where two fp32 arrays' bf16 casts "
+     "differ, and both casts"},
     {"small", small, METH_VARARGS, "positions whose magnitude bits are below a bound"},
     {"change_sum", change_sum, METH_VARARGS, "the additive hash's movement from changes"},
     {"apply_keys", apply_keys, METH_VARARGS, "apply key differences, with the hash's movement"},

@@ -40,6 +40,22 @@ class CastView(Mapping):
 
 
 @dataclass(frozen=True)
+class Changed:
+    """Which elements of a state may differ, in the published dtype, from version `base` of it
+    (what the optimizer step saw: trainer/step_changes.py): per tensor name, sorted flat
+    positions (numpy int64); a name absent holds no change. A superset is allowed (the delta
+    codec drops positions whose value is the same); a missing change is not, and the periodic
+    full hash of the true state catches it (sync.py). `old` and `new`, where given, hold the
+    bits there (the published dtype's width) before and after, so nothing is read from the
+    states; a wrong old value fails the receiver's additive hash of that delta."""
+
+    base: int
+    positions: dict = field(default_factory=dict)
+    old: dict | None = None
+    new: dict | None = None
+
+
+@dataclass(frozen=True)
 class TensorEntry:
     """How one tensor is coded in a payload. `buffers` index `Payload.buffers`."""
 

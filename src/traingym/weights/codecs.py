@@ -27,6 +27,7 @@ import zstandard
 from traingym.weights import entropy, lthash, native, tiered
 from traingym.weights.base import (
     BaseMismatch,
+    Changed,
     IntegrityError,
     Payload,
     State,
@@ -34,10 +35,11 @@ from traingym.weights.base import (
     UpdateHeader,
 )
 from traingym.weights.changes import Changes, Pool, plan_pieces
-from traingym.weights.extract import cast_changes, changes
+from traingym.weights.extract import cast_changes, changes, changes_at
 from traingym.weights.hashing import bits, dtype_name, dtype_of
 
 XOR_MIN_DENSITY = 0.05  # below this, sparse always wins; skip the cost of trying xor
+_NO_HINT = object()  # _piece compares the whole piece (no base.Changed positions given)
 
 
 def _keys(x: np.ndarray, is_float: bool) -> np.ndarray:
@@ -87,6 +89,14 @@ class FullCodec:
         return apply(None, payload)
 
 
+def _hint(changed: Changed, name: str) -> tuple:
+    """(positions or None, (old bits, new bits) or None) of `name` in `changed`."""
+    pos = changed.positions.get(name)
+    if pos is None or changed.old is None or changed.new is None:
+        return pos, None
+    return pos, (changed.old[name], changed.new[name])
+
+
 class DeltaCodec:
     """Tiered or sparse / xor / raw per tensor, whichever is smallest. zstd `level` for the
     zstd parts. With `threads` > 1 the state is cut into that many runs of about equal bytes
@@ -105,13 +115,16 @@ class DeltaCodec:
 
     def encode_changes(self, old: State | None, new: State, with_sum: bool = True,
                        cast: torch.dtype | None = None,
-                       link_s_per_byte: float | None = None) -> tuple[Payload, Changes]:
+                       link_s_per_byte: float | None = None,
+                       changed: Changed | None = None) -> tuple[Payload, Changes]:
         """The payload and its changes (the additive hash's movement, the changed elements), so the
         sender updates its hash and shadow in O(changes). With `cast`, `new` holds the trainer's
         tensors and the target is their cast: each piece is cast and compared in one pass
         (`extract.cast_changes`), without a whole cast copy unless xor/raw may code it.
         `link_s_per_byte` (None: fewest bytes) lets a tensor take a tier only where the bytes
-        saved take longer to send than its passes (tiered.scan_bits)."""
+        saved take longer to send than its passes (tiered.scan_bits). `changed` names where
+        changes may be: only those elements are read, or none where it holds their values
+        (extract.changes_at); no comparison pass over the state."""
         if old is None:
             raise ValueError("delta needs a base state; send a full update first")
         if set(old) != set(new):
@@ -127,7 +140,8 @@ class DeltaCodec:
         def run(pieces):
             zc = zstandard.ZstdCompressor(level=self.level)
             return [self._piece(name, old[name], new[name], start, stop, whole, zc, with_sum,
-                                cast, scan) for name, start, stop in pieces]
+                                cast, scan, _NO_HINT if changed is None else _hint(changed, name))
+                    for name, start, stop in pieces]
 
         out, changes = _Builder(), Changes()
         for results in self._pool.map(run, runs):
@@ -140,17 +154,21 @@ class DeltaCodec:
                     changes.pieces.append((name, span[0] if span else 0, pos, b_pos))
         return out.payload("delta"), changes
 
-    def _piece(self, name, o, t, start, stop, whole, zc, with_sum, cast=None, scan=0.0):
+    def _piece(self, name, o, t, start, stop, whole, zc, with_sum, cast=None, scan=0.0,
+               hint=_NO_HINT):
         t0 = time.perf_counter()
         a = bits(o)
         span = () if whole or (start, stop) == (0, a.size) else (start, stop)
         numel = a.size
         a = a[start:stop]
-        if cast is None:
+        b = None
+        if hint is not _NO_HINT:
+            pos, a_pos, b_pos = changes_at(t.detach().reshape(-1)[start:stop], a, cast, hint[0],
+                                           start, hint[1])
+        elif cast is None:
             b = bits(t)[start:stop]
             pos, a_pos, b_pos = changes(a, b)
         else:
-            b = None
             pos, a_pos, b_pos = cast_changes(t.detach().reshape(-1)[start:stop], a, cast)
         t1 = time.perf_counter()
         if pos.size == 0:

@@ -29,7 +29,7 @@ import torch
 from traingym.core import trace
 from traingym.core.ties import alias_groups
 from traingym.weights import registry
-from traingym.weights.base import State
+from traingym.weights.base import Changed, State
 from traingym.weights.sync import (
     Publisher,
     PublisherConfig,
@@ -76,15 +76,16 @@ class ColocatedSync:
     def version(self) -> int | None:
         return self.subscriber.version
 
-    def publish(self, state: State, version: int) -> PublishStats:
-        """Send `version`; return once the engine serves it, verified (or raise)."""
+    def publish(self, state: State, version: int, changed: Changed | None = None) -> PublishStats:
+        """Send `version`; return once the engine serves it, verified (or raise). `changed`:
+        the trainer's record of what changed since the last version (Publisher.publish)."""
         t0 = time.perf_counter()
         wire = wire_views(state)  # cast by the publisher, in the pass that finds the changes
         t1 = time.perf_counter()
         if self.subscriber.version is None and self._own is not None:
             self._adopt_engine_tensors(wire)
         before = dataclasses.replace(self.subscriber.stats)
-        stats = self.publisher.publish(wire, version, cast=self.dtype)
+        stats = self.publisher.publish(wire, version, cast=self.dtype, changed=changed)
         t2 = time.perf_counter()
         verified = self.subscriber.wait_for(version, self.cfg.timeout_s)
         t3 = time.perf_counter()

@@ -1,7 +1,8 @@
 """Finding the elements that changed between two states of one tensor (the delta codec's
 first step, codecs.py): `changes` compares two arrays of bits 8 bytes at a time;
 `cast_changes` compares the last published cast with the trainer's tensor cast a cache-sized
-chunk at a time, so no cast copy of the model is made (Publisher.publish's `cast`)."""
+chunk at a time, so no cast copy of the model is made (Publisher.publish's `cast`);
+`changes_at` reads only the positions the optimizer step named (base.Changed)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,31 @@ def cast_changes(master: torch.Tensor, old: np.ndarray, dtype: torch.dtype):
     if not found:
         return np.zeros(0, np.int64), old[:0].copy(), old[:0].copy()
     return tuple(np.concatenate(x) for x in zip(*found))
+
+
+def changes_at(master: torch.Tensor, old: np.ndarray, dtype: torch.dtype | None,
+               positions: np.ndarray | None, start: int = 0, values=None):
+    """`cast_changes` (or `changes`, with dtype None) read at the sorted flat `positions` of the
+    whole tensor (None: none) that fall in this piece, [start, start + old.size): O(positions),
+    the rest of the piece is taken as unchanged; `values` (old bits, new bits there, aligned
+    with `positions`) spares reading both states. Positions whose value is the same are
+    dropped."""
+    if positions is None or positions.size == 0:
+        return np.zeros(0, np.int64), old[:0].copy(), old[:0].copy()
+    lo, hi = np.searchsorted(positions, [start, start + old.size])
+    pos = positions[lo:hi] - start
+    if pos.size and (pos[0] < 0 or pos[-1] >= old.size):
+        raise ValueError("changed positions out of range")
+    if values is not None:
+        a_pos, b_pos = (v[lo:hi].view(old.dtype) for v in values)
+    else:
+        a_pos = np.take(old, pos)
+        new = torch.index_select(master, 0, torch.from_numpy(pos))
+        b_pos = bits(new.to(dtype) if dtype is not None else new)
+    keep = a_pos != b_pos
+    if keep.all():  # as the optimizer step reports them: no copies
+        return pos, a_pos, b_pos
+    return pos[keep], a_pos[keep], b_pos[keep]
 
 
 def changed_positions(a: np.ndarray, b: np.ndarray) -> np.ndarray:

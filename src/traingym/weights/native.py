@@ -1,5 +1,6 @@
 """The delta codec's C kernels (_native.c), with the NumPy signatures of the functions they
-replace: extract.changes, tiered.small_positions, lthash.change_sum, entropy.rice_encode /
+replace: extract.changes (and, for trainer/step_changes.py, the bf16 casts' changes),
+tiered.small_positions, lthash.change_sum, entropy.rice_encode /
 rice_decode, and the tiered method's planning (tiered.plan) and reorderings (tiered.encode's
 ranks and value planes, tiered.decode's positions and values). Each gives the same bits as
 its NumPy version (tests/weights/test_native.py), so a payload coded on either side decodes
@@ -47,6 +48,31 @@ def changes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
         if start >= n:
             break
         cap = _grow(n, found, start) + 8
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(np.concatenate(x) for x in zip(*parts))
+
+
+def bf16_changes(a: np.ndarray, b: np.ndarray):
+    """(indices where the bf16 casts of two float32 arrays differ, a's cast there, b's cast
+    there: uint16 bits), one pass over both; None where either holds a NaN. The casts are
+    torch's (round to nearest even) for every other value (tests/weights/test_native.py)."""
+    n = a.size
+    if a.dtype != np.float32 or b.dtype != np.float32 or b.size != n:
+        raise ValueError("bf16_changes needs two float32 arrays of one size")
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    parts, start, found = [], 0, 0
+    cap = min(n, max(1024, n // 16)) + 40
+    while True:
+        pos, va, vb = np.empty(cap, np.int64), np.empty(cap, np.uint16), np.empty(cap, np.uint16)
+        count, start = lib.bf16_changes(a, b, start, pos, va, vb)
+        if start < 0:
+            return None
+        found += count
+        parts.append((pos[:count], va[:count], vb[:count]))
+        if start >= n:
+            break
+        cap = _grow(n, found, start) + 40
     if len(parts) == 1:
         return parts[0]
     return tuple(np.concatenate(x) for x in zip(*parts))

@@ -28,6 +28,7 @@ from traingym.weights.base import (
     CODECS,
     BaseMismatch,
     CastView,
+    Changed,
     IntegrityError,
     Payload,
     PeerDead,
@@ -102,6 +103,7 @@ class Publisher:
         self._anchor_hash = ""
         self._sum = lthash.zero()  # the additive hash's movement since the anchor
         self._deltas = 0  # deltas since the anchor
+        self._hinted = False  # a delta since the anchor read only `changed` positions
         self._link_s_per_byte: float | None = None
         self._delta_s: float | None = None  # encode time of the last delta
         self._full_s: float | None = None  # encode time of the last full update
@@ -121,12 +123,14 @@ class Publisher:
         return s is None or set(s) != set(state) or any(
             s[k].dtype != (cast or v.dtype) or s[k].shape != v.shape for k, v in state.items())
 
-    def publish(self, state: State, version: int,
-                cast: torch.dtype | None = None) -> PublishStats:
+    def publish(self, state: State, version: int, cast: torch.dtype | None = None,
+                changed: Changed | None = None) -> PublishStats:
         """Send `state` as `version`. With `cast`, `state` holds the trainer's tensors and
         what is published is their cast to `cast` (what the engine holds): a delta then finds
         its changes while casting (extract.cast_changes), with no cast copy of the model, and
-        an anchor casts a copy."""
+        an anchor casts a copy. `changed` since the last version published (its `base`; else
+        ignored) lets a delta read only those elements; then every full hash is of `state`
+        itself, so a change it missed fails the receivers' check."""
         if self.version is not None and version <= self.version:
             raise ValueError(f"version {version} is not after {self.version}")
         width = torch.empty(0, dtype=cast).element_size() if cast is not None else None
@@ -141,8 +145,11 @@ class Publisher:
             reason = "auto:full-faster"
         payload, changes, full_hash, wire, phases = None, None, "", None, {}
         if reason == "delta":
+            hint = changed if changed is not None and changed.base == self.version else None
+            self._hinted = self._hinted or hint is not None
             payload, changes = self.delta.encode_changes(
-                self._shadow, state, cast=cast, link_s_per_byte=self._link_s_per_byte)
+                self._shadow, state, cast=cast, link_s_per_byte=self._link_s_per_byte,
+                changed=hint)
             self._delta_s = time.perf_counter() - t0
             if self._since_anchor + payload.nbytes > self.cfg.anchor_budget * full_bytes:
                 payload, reason = None, "anchor-budget"
@@ -161,7 +168,7 @@ class Publisher:
             phases = dict(changes.times)
             target_hash = lthash.identity(self._anchor_hash, self._sum)
             every = self.cfg.full_hash_every
-            if every and self._deltas % every == 0 and self._shared:
+            if every and self._deltas % every == 0 and (self._shared or self._hinted):
                 t_hash = time.perf_counter()
                 full_hash = state_hash(CastView(state, cast))  # one tensor cast at a time
                 phases["full_hash"] = time.perf_counter() - t_hash
@@ -196,7 +203,7 @@ class Publisher:
             self._shadow = wire if cast is not None else {
                 k: v.detach().clone() for k, v in wire.items()}
         if anchor:
-            self._since_anchor, self._deltas = 0, 0
+            self._since_anchor, self._deltas, self._hinted = 0, 0, False
             self._anchor_hash, self._sum = target_hash, lthash.zero()
         self.version, self.hash = version, target_hash
         self._published = (state, cast)
@@ -248,7 +255,7 @@ class Publisher:
         if self._shadow is None:
             return None
         source = self._shadow
-        if self._shared:  # the receiver's state may be what failed: not a source
+        if self._shared or self._hinted:  # what failed may be the receiver's state, or a hint
             source = CastView(*self._published)
         payload = self.full.encode(None, source)
         target_hash = state_hash(source)
