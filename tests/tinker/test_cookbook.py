@@ -10,7 +10,10 @@ on the tiny model (LoRA, `cross_entropy`, AdamW, the final `save_state` and
 tokenizer_id, loaded with the client's transformers 5.5.4) encodes as the server's tokenizer for
 `tiny` and `embedded`; examples/tinker/rl_loop.py (importance_sampling RL written against the SDK
 alone) runs 2 steps with its format reward, so both send an importance_sampling step. How each loop is driven, and which of the recipe's lookups need replacing
-offline, is in cookbook_client.py.
+offline, is in cookbook_client.py. The cookbook's RL trainer (`tinker_cookbook.rl.train`) runs
+from recipes/math_rl/train.py's own command line on its offline arithmetic environment; on the
+untrained tiny model its rewards are constant (no answer, no stop sequence in 5 tokens), so this
+shows the loop runs, not that it learns.
 Not covered: recipes/rl_loop.py itself (it loads openai/gsm8k from the hub and has no option
 for a local dataset; examples/tinker/rl_loop.py is its shape on traingym's arithmetic task).
 
@@ -130,6 +133,26 @@ def test_cookbook_supervised_loop_trains(server, mode):
     nll = train_nll(log_path)
     assert len(nll) == 6, nll
     assert nll[-1] < 0.75 * nll[0], nll  # 6.1 -> 3.3 nats when written
+    final = [json.loads(x) for x in (log_path / "checkpoints.jsonl").read_text().splitlines()]
+    assert final[-1]["name"] == "final" and final[-1]["sampler_path"].startswith("tinker://")
+
+
+def test_cookbook_rl_recipe_runs_from_its_command_line(server):
+    """recipes/math_rl/train.py, unchanged, from its own command line with documented options
+    only: the cookbook's arithmetic environment (made locally, no dataset download), its full
+    RL trainer (tinker_cookbook.rl.train: sampling with string stop sequences, importance
+    sampling, checkpoints)."""
+    tmp = server["tmp"]
+    log_path = tmp / "math_rl"
+    out = client(["-m", "tinker_cookbook.recipes.math_rl.train", "env=arithmetic",
+                  f"model_name={server['folder']}", "renderer_name=role_colon",
+                  f"base_url={server['url']}", "groups_per_batch=4", "group_size=4",
+                  "max_tokens=5", "max_steps=2", "eval_every=0", "save_every=0", "lora_rank=8",
+                  "learning_rate=1e-3", f"log_path={log_path}",
+                  "behavior_if_log_dir_exists=delete"], tmp)
+    assert "Training completed successfully" in out.stderr + out.stdout
+    rows = [json.loads(x) for x in (log_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["progress/batch"] for r in rows if "env/all/reward/total" in r] == [0, 1]
     final = [json.loads(x) for x in (log_path / "checkpoints.jsonl").read_text().splitlines()]
     assert final[-1]["name"] == "final" and final[-1]["sampler_path"].startswith("tinker://")
 
