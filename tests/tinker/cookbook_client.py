@@ -38,9 +38,10 @@ def sl_train(c: dict) -> None:
         log_path=c["log_path"], model_name=c["model_name"], recipe_name="traingym_test",
         renderer_name=c["renderer_name"], base_url=c["base_url"],
         dataset_builder=FromConversationFileBuilder(common_config=common,
-                                                    file_path=c["dataset"]),
+                                                    file_path=c["dataset"],
+                                                    test_size=c.get("test_size", 0)),
         learning_rate=c["learning_rate"], lora_rank=c["lora_rank"], max_steps=c["steps"],
-        eval_every=0, save_every=0, num_epochs=c.get("num_epochs", 1))
+        eval_every=c.get("eval_every", 0), save_every=0, num_epochs=c.get("num_epochs", 1))
     asyncio.run(train.main(config))
 
 

@@ -6,7 +6,8 @@ from --api-key-env).
 Covered: the cookbook's supervised trainer (`tinker_cookbook.supervised.train`, what
 recipes/sl_basic.py runs) on a local JSONL dataset and recipes/sl_loop.py's `main` each complete
 on the tiny model (LoRA, `cross_entropy`, AdamW, the final `save_state` and
-`save_weights_for_sampler`) and their train NLL falls; the SDK's `get_tokenizer()` (get_info's
+`save_weights_for_sampler`) and their train NLL falls, as does the trainer's held-out NLL (its
+SamplerNLLEvaluator: `compute_logprobs` on sampler snapshots); the SDK's `get_tokenizer()` (get_info's
 tokenizer_id, loaded with the client's transformers 5.5.4) encodes as the server's tokenizer for
 `tiny` and `embedded`; examples/tinker/rl_loop.py (importance_sampling RL written against the SDK
 alone) runs 2 steps with its format reward, so both send an importance_sampling step. How each loop is driven, and which of the recipe's lookups need replacing
@@ -128,11 +129,17 @@ def test_cookbook_supervised_loop_trains(server, mode):
     cfg = {"base_url": server["url"], "log_path": str(log_path), "model_name": server["folder"],
            "renderer_name": "role_colon", "dataset": str(conversations(tmp / "conv.jsonl")),
            "batch_size": 8, "max_length": 128, "learning_rate": 1e-2, "lora_rank": 8, "steps": 6}
+    if mode == "sl_train":  # 8 held-out conversations scored by the sampler before and after
+        cfg.update(test_size=8, eval_every=5)
     out = client([str(DRIVER), mode, json.dumps(cfg)], tmp)
     assert "Training completed" in out.stderr + out.stdout
     nll = train_nll(log_path)
     assert len(nll) == 6, nll
     assert nll[-1] < 0.75 * nll[0], nll  # 6.1 -> 3.3 nats when written
+    if mode == "sl_train":  # SamplerNLLEvaluator: compute_logprobs on sampler snapshots
+        rows = [json.loads(x) for x in (log_path / "metrics.jsonl").read_text().splitlines()]
+        test = [r["test/nll"] for r in rows if "test/nll" in r]
+        assert len(test) == 2 and test[1] < 0.75 * test[0], test  # 6.1 -> 3.6 when written
     final = [json.loads(x) for x in (log_path / "checkpoints.jsonl").read_text().splitlines()]
     assert final[-1]["name"] == "final" and final[-1]["sampler_path"].startswith("tinker://")
 
