@@ -61,6 +61,14 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 1
         time.sleep(0.3)
 
 
+def client_versions(python: str) -> dict:
+    """The client environment's tinker, transformers and torch versions (from its metadata)."""
+    code = ("import json; from importlib import metadata as m; print(json.dumps({n: m.version(n) "
+            "for n in ('tinker', 'transformers', 'torch')}))")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr[-500:]}
+
+
 def paired_delta(before: list[float], after: list[float]) -> dict:
     diffs = [b - a for a, b in zip(before, after)]
     n = len(diffs)
@@ -132,7 +140,8 @@ def main() -> int:
     before, after = example["eval"]["before"], example["eval"]["after"]
     result = {
         "model": a.model, "task": "arith (exact answer, prefill 'The answer is')",
-        "client_python": client, "example_args": example["config"],
+        "client_python": client, "client_versions": client_versions(client),
+        "example_args": example["config"],
         "heldout_reward_before": {k: before[k] for k in ("reward_mean", "reward_se", "n",
                                                          "samples_per_prompt")},
         "heldout_reward_after": {k: after[k] for k in ("reward_mean", "reward_se", "n",
