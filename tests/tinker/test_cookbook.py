@@ -6,7 +6,8 @@ from --api-key-env).
 Covered: the cookbook's supervised trainer (`tinker_cookbook.supervised.train`, what
 recipes/sl_basic.py runs) on a local JSONL dataset and recipes/sl_loop.py's `main` each complete
 on the tiny model (LoRA, `cross_entropy`, AdamW, the final `save_state` and
-`save_weights_for_sampler`) and their train NLL falls, as does the trainer's held-out NLL (its
+`save_weights_for_sampler`) and their train NLL falls (sl_loop run again resumes from its
+final state: create_training_client_from_state_with_optimizer), as does the trainer's held-out NLL (its
 SamplerNLLEvaluator: `compute_logprobs` on sampler snapshots); the SDK's `get_tokenizer()` (get_info's
 tokenizer_id, loaded with the client's transformers 5.5.4) encodes as the server's tokenizer for
 `tiny` and `embedded`; examples/tinker/rl_loop.py (importance_sampling RL written against the SDK
@@ -142,6 +143,10 @@ def test_cookbook_supervised_loop_trains(server, mode):
         assert len(test) == 2 and test[1] < 0.75 * test[0], test  # 6.1 -> 3.6 when written
     final = [json.loads(x) for x in (log_path / "checkpoints.jsonl").read_text().splitlines()]
     assert final[-1]["name"] == "final" and final[-1]["sampler_path"].startswith("tinker://")
+    if mode == "sl_loop":  # run again: it resumes from its last state in a new session
+        again = client([str(DRIVER), mode, json.dumps(cfg)], tmp)
+        text = again.stderr + again.stdout
+        assert "Resuming from batch 8" in text and "Training completed" in text
 
 
 def test_cookbook_rl_recipe_runs_from_its_command_line(server):
