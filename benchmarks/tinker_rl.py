@@ -9,8 +9,9 @@ exact-answer reward, and reports the held-out reward (mean over --eval-prompts h
 of --eval-samples sampled completions each, at the training temperature) before and after
 training, each with its standard error over prompts, and the change with the standard error of
 the per-prompt paired differences (both evals use the same sampling seed). Also per-step
-train reward, datums and seconds. A full run (the defaults: 20 steps of 8 prompts x 8
-completions, 128 x 4 held-out samples twice) takes of the order of an hour on 2 shared cores. Writes a new result file with its provenance
+train reward, datums and seconds. A full run (the defaults: 10 steps of 8 prompts x 8
+completions, 128 x 4 held-out samples twice) takes of the order of half an hour on 2 shared
+cores (estimated from the smoke runs, not measured). Writes a new result file with its provenance
 (benchmarks/resultfile.py).
 
     .venv/bin/python benchmarks/tinker_rl.py                # -> results/tinker_rl/<date>-<commit>.json
@@ -80,11 +81,13 @@ def paired_delta(before: list[float], after: list[float]) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="embedded")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--learning-rate", type=float, default=1e-4)
+    p.add_argument("--learning-rate", type=float, default=4e-4,
+                   help="LoRA scale alpha/rank is 1 here (the server's lora_alpha 32, rank 32): "
+                   "4e-4 is the update size of benchmarks/lora.py's 2e-4 at scale 2")
     p.add_argument("--lora-rank", type=int, default=32)
     p.add_argument("--eval-prompts", type=int, default=128)
     p.add_argument("--eval-samples", type=int, default=4)
