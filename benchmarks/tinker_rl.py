@@ -14,7 +14,7 @@ completions, 128 x 4 held-out samples twice) takes of the order of half an hour 
 cores (estimated from the smoke runs, not measured). Writes a new result file with its provenance
 (benchmarks/resultfile.py).
 
-    .venv/bin/python benchmarks/tinker_rl.py                # -> results/tinker_rl/<date>-<commit>.json
+    .venv/bin/python benchmarks/tinker_rl.py      # -> results/tinker_rl/<date>-<commit>.json
     .venv/bin/python benchmarks/tinker_rl.py --model tiny --steps 1 --batch-size 2 \
         --group-size 2 --eval-prompts 4 --out /tmp/tinker_rl_smoke.json    # smoke
 """

@@ -10,8 +10,8 @@ sample a group of completions per prompt, reward 1.0 when the completion's first
 answer (`--reward exact`; `--reward digits`, a format reward, gives smoke runs on the untrained
 'tiny' model a signal), advantages = reward - group mean (groups with equal rewards are
 dropped), one forward_backward with the `importance_sampling` loss on the sampled tokens
-(their sampler log-probs as the behaviour policy), one AdamW optim_step. Held-out prompts are sampled before and
-after training (reward mean and its standard error over prompts).
+(their sampler log-probs as the behaviour policy), one AdamW optim_step. Held-out prompts are
+sampled before and after training (reward mean and its standard error over prompts).
 
 Where it departs from the cookbook's rl_loop: the dataset is a local JSONL (its rl_loop loads
 openai/gsm8k from the hub), the prompt is the model's own chat template plus the prefill "The

@@ -79,4 +79,5 @@ def tokenizer(c: dict) -> None:
 
 
 if __name__ == "__main__":
-    {"sl_train": sl_train, "sl_loop": sl_loop, "tokenizer": tokenizer}[sys.argv[1]](json.loads(sys.argv[2]))
+    run = {"sl_train": sl_train, "sl_loop": sl_loop, "tokenizer": tokenizer}[sys.argv[1]]
+    run(json.loads(sys.argv[2]))

@@ -3,19 +3,23 @@ environment (.venv-tinker: tinker-cookbook 0.5.8, tinker 0.38, transformers 5.5.
 over HTTP against `traingym tinker` started as a command (a subprocess on a free port, the key
 from --api-key-env).
 
-Covered: the cookbook's supervised trainer (`tinker_cookbook.supervised.train`, what
-recipes/sl_basic.py runs) on a local JSONL dataset and recipes/sl_loop.py's `main` each complete
-on the tiny model (LoRA, `cross_entropy`, AdamW, the final `save_state` and
-`save_weights_for_sampler`) and their train NLL falls (sl_loop run again resumes from its
-final state: create_training_client_from_state_with_optimizer), as does the trainer's held-out NLL (its
-SamplerNLLEvaluator: `compute_logprobs` on sampler snapshots); the SDK's `get_tokenizer()` (get_info's
-tokenizer_id, loaded with the client's transformers 5.5.4) encodes as the server's tokenizer for
-`tiny` and `embedded`; examples/tinker/rl_loop.py (importance_sampling RL written against the SDK
-alone) runs 2 steps with its format reward, so both send an importance_sampling step. How each loop is driven, and which of the recipe's lookups need replacing
-offline, is in cookbook_client.py. The cookbook's RL trainer (`tinker_cookbook.rl.train`) runs
-from recipes/math_rl/train.py's own command line on its offline arithmetic environment; on the
-untrained tiny model its rewards are constant (no answer, no stop sequence in 5 tokens), so this
-shows the loop runs, not that it learns.
+Covered:
+- the cookbook's supervised trainer (`tinker_cookbook.supervised.train`, what
+  recipes/sl_basic.py runs) on a local JSONL dataset, and recipes/sl_loop.py's `main`, each
+  complete on the tiny model (LoRA, `cross_entropy`, AdamW, the final `save_state` and
+  `save_weights_for_sampler`) and their train NLL falls, as does the trainer's held-out NLL (its
+  SamplerNLLEvaluator: `compute_logprobs` on sampler snapshots); sl_loop run again resumes from
+  its final state (create_training_client_from_state_with_optimizer);
+- the SDK's `get_tokenizer()` (get_info's tokenizer_id, loaded with the client's transformers
+  5.5.4) encodes as the server's tokenizer for `tiny` and `embedded`;
+- examples/tinker/rl_loop.py (importance_sampling RL written against the SDK alone) runs 2 steps
+  with its format reward, so it sends an importance_sampling step;
+- the cookbook's RL trainer (`tinker_cookbook.rl.train`) runs from recipes/math_rl/train.py's
+  own command line on its offline arithmetic environment; on the untrained tiny model its
+  rewards are constant (no answer, no stop sequence in 5 tokens), so this shows the loop runs,
+  not that it learns.
+How each loop is driven, and which of the recipe's lookups need replacing offline, is in
+cookbook_client.py.
 Not covered: recipes/rl_loop.py itself (it loads openai/gsm8k from the hub and has no option
 for a local dataset; examples/tinker/rl_loop.py is its shape on traingym's arithmetic task).
 
