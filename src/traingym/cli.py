@@ -1,7 +1,8 @@
 """Command line: `traingym train [CONFIG] [--preset P] [--set k=v ...] [--run-dir D] [--resume]`,
 `traingym config`; `traingym eval | runs | export` (eval/cli.py), `traingym plan` (plan/cli.py),
-`traingym serve` (serve/), `traingym dashboard` (dashboard/), `traingym report`
-(dashboard/report.py). Imports stay light at module level so that `--help` answers fast.
+`traingym serve` (serve/), `traingym tinker` (tinker/), `traingym dashboard` (dashboard/),
+`traingym report` (dashboard/report.py). Imports stay light at module level so that `--help`
+answers fast.
 
 An error in what the user gave (arguments, config, files, rows, reward/env specs, model path,
 run directory) is one `traingym: ...` line on stderr and exit code 2, before any work starts
@@ -27,6 +28,8 @@ from traingym.plan import cli as plan
 from traingym.runs.preempt import EXIT_CODE, RunPreempted, resume_command
 from traingym.serve import add_parser as add_serve
 from traingym.serve import main as serve
+from traingym.tinker import add_parser as add_tinker
+from traingym.tinker import main as tinker
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
 
     add_serve(sub)
+
+    add_tinker(sub)
 
     add_dashboard(sub)
 
@@ -94,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _command(args: argparse.Namespace) -> int:
+    if args.command == "tinker":  # imports what it serves with, once its config is read
+        return tinker(args)
     from traingym.config.load import build_config  # heavy: pydantic, safetensors, torch
     from traingym.core.errors import ConfigError  # heavy: pydantic
 

@@ -103,6 +103,19 @@ def test_fused_path_matches_hf_path(setup):
             assert torch.allclose(torch.tensor(ca.logprobs), torch.tensor(cb.logprobs), atol=1e-4)
 
 
+def test_fused_path_matches_hf_path_for_a_one_token_prompt(setup):
+    """A prefill of one token attends to that token only, not to the cache's empty slots (it
+    took the decode branch, whose mask must span the whole cache, and was off by ~0.5 nats)."""
+    tok, model, _ = setup
+    fused = TorchEngine(model, tok.pad_token_id, fused=True)
+    plain = TorchEngine(model, tok.pad_token_id, fused=False)
+    req = GenerationRequest(tuple(tok.encode("What")), 1, SamplingParams(temperature=0,
+                                                                          max_new_tokens=3))
+    a, b = fused.generate_sync([req])[0][0], plain.generate_sync([req])[0][0]
+    assert len(req.prompt_ids) == 1 and a.token_ids == b.token_ids
+    assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+
+
 def test_released_fused_weights_are_rebuilt_with_the_same_samples(setup):
     """release_derived drops the fused decoder's copies (the colocated loop does, while the
     trainer runs); the next generate rebuilds them, and samples are bitwise the same."""

@@ -311,7 +311,9 @@ class FusedDecoder:
                 v_cache[:, :, start:end] = v
             q = rotate(q, cos, sin)
             mask = masks[window]
-            if T == 1:  # over the whole (contiguous) cache; unfilled slots are masked out
+            if T == 1 and mask.shape[-1] == k_cache.shape[2]:
+                # a decode step: over the whole (contiguous) cache, unfilled slots masked out
+                # (a one-token prefill's mask covers its slot only: the branches below)
                 att = self._decode_attention(q, k_cache, v_cache, mask, scale, softcap)
             elif softcap is None:
                 att = F.scaled_dot_product_attention(

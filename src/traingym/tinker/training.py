@@ -1,0 +1,239 @@
+"""Training clients: a base model loaded once, and per client its LoRA adapters (or a full copy
+for full fine-tuning) with its own AdamW.
+
+LoRA clients on one base share its weights: each client's model is a copy of the base's module
+tree whose parameters and buffers ARE the base's (copy.deepcopy with those tensors in the
+memo), so peft injects adapters into that client's own modules and the frozen base is held
+once, however many clients train on it. Memory per LoRA client: its adapters, their gradients
+and AdamW moments (3 x adapter size) and the activations of its own forward passes. A full
+fine-tuning client holds a whole copy of the base (its weights, gradients and 2 moments: 16
+bytes per parameter in fp32).
+
+LoRA targets follow the SDK's LoraConfig: train_attn -> q/k/v/o_proj, train_mlp -> gate/up/
+down_proj, train_unembed -> lm_head, among the model's linear layers with those names; scale
+alpha / rank with alpha from the server's config (`lora_alpha`). Gradients accumulate across
+forward_backward calls (and over the passes one request is split into, at most `pass_tokens`
+padded tokens each) until optim_step, which applies torch's AdamW (lr, betas, eps and
+decoupled weight decay as given per step; `grad_clip_norm` > 0 clips the global norm first)
+and zeroes them. Forward passes run in fp32 on the model's device (the CPU here).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from traingym.core.padding import right_pad
+from traingym.models.loader import load_policy
+from traingym.models.lora import LoraShape, adapter_state, apply_lora
+from traingym.models.scoring import token_logprobs
+from traingym.tinker import losses
+from traingym.tinker.futures import Lane, UserError
+from traingym.trainer.config import TrainerConfig
+from traingym.trainer.optimizers import make_optimizer
+
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class Base:
+    name: str
+    model: torch.nn.Module  # shared, frozen for LoRA clients
+    tokenizer: object
+    tokenizer_dir: Path  # a folder AutoTokenizer.from_pretrained loads (get_info's tokenizer_id)
+
+    @property
+    def arch(self) -> str:
+        return type(self.model).__name__
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+
+
+def load_base(name: str, tokenizer_root: Path, seed: int = 0) -> Base:
+    model, tok = load_policy(name, seed=seed)
+    model.eval()  # no dropout: forward passes are deterministic
+    for p in model.parameters():
+        p.requires_grad_(False)
+    folder = tokenizer_root / _safe(name)
+    if not (folder / "tokenizer_config.json").is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        tok.save_pretrained(folder)
+    return Base(name, model, tok, folder.resolve())
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text).strip("._") or "model"
+
+
+def lora_targets(model, train_attn: bool, train_mlp: bool, train_unembed: bool) -> tuple:
+    linear = {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+              if isinstance(m, torch.nn.Linear)}
+    want = (ATTN if train_attn else ()) + (MLP if train_mlp else ()) + \
+        (("lm_head",) if train_unembed else ())
+    targets = tuple(t for t in want if t in linear)
+    if not targets:
+        raise UserError(f"the LoRA config selects no linear layer of this model (its linear "
+                        f"layers: {sorted(linear)})")
+    return targets
+
+
+def passes(lengths: list[int], budget: int) -> list[list[int]]:
+    """Datum indices per forward pass, in order: as many datums as fit `budget` padded tokens
+    (rows x the longest row); a longer datum runs alone. The (rows, length, vocab) fp32 logits
+    of one pass are the peak memory of a forward_backward."""
+    out: list[list[int]] = [[]]
+    longest = 0
+    for i, n in enumerate(lengths):
+        if out[-1] and (len(out[-1]) + 1) * max(longest, n) > budget:
+            out.append([])
+            longest = 0
+        out[-1].append(i)
+        longest = max(longest, n)
+    return out
+
+
+@dataclass
+class TrainingModel:
+    model_id: str
+    base: Base
+    lora: dict | None  # {"rank", "seed", "train_attn", "train_mlp", "train_unembed"}; None: full
+    alpha: float
+    model: torch.nn.Module = field(init=False)
+    optimizer: torch.optim.Optimizer = field(init=False)
+    lane: Lane = field(default_factory=Lane)
+    steps: int = 0
+    user_metadata: dict | None = None
+    pass_tokens: int = 8192  # padded tokens one forward takes (the config's pass_tokens)
+    inflight: object = None  # sampling.Weights its inflight samplers share, once saved so
+    last_request: str = field(
+        default_factory=lambda: datetime.now(UTC).isoformat())
+
+    def __post_init__(self):
+        base = self.base.model
+        if self.lora is None:  # full fine-tuning: a copy of its own
+            self.model = copy.deepcopy(base)
+            for p in self.model.parameters():
+                p.requires_grad_(True)
+        else:
+            shared = {id(t): t for t in [*base.parameters(), *base.buffers()]}
+            model = copy.deepcopy(base, memo=shared)  # new modules, the base's tensors
+            shape = LoraShape(rank=self.lora["rank"], alpha=self.alpha,
+                              target_modules=lora_targets(model, self.lora["train_attn"],
+                                                          self.lora["train_mlp"],
+                                                          self.lora["train_unembed"]))
+            seed = self.lora.get("seed")
+            with torch.random.fork_rng():
+                torch.manual_seed(seed if seed is not None else random.getrandbits(63))
+                self.model = apply_lora(model, shape)
+        self.model.eval()
+        self.optimizer = make_optimizer(self.model, TrainerConfig())
+
+    @property
+    def is_lora(self) -> bool:
+        return self.lora is not None
+
+    def meta(self) -> dict:
+        return {"base_model": self.base.name, "lora": self.lora, "lora_alpha": self.alpha,
+                "steps": self.steps}
+
+    def trainable(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint holds: the adapters (LoRA) or every tensor (full)."""
+        if self.is_lora:
+            return {k: v.contiguous() for k, v in adapter_state(self.model).items()}
+        out, seen = {}, set()
+        for k, v in self.model.state_dict().items():  # a tied tensor once, under its first name
+            if v.data_ptr() not in seen:
+                seen.add(v.data_ptr())
+                out[k] = v.detach()
+        return out
+
+    def load_trainable(self, tensors: dict[str, torch.Tensor]) -> None:
+        own = self.trainable()
+        if set(tensors) != set(own):
+            raise UserError(f"the checkpoint's tensors do not match this model's "
+                            f"({len(set(tensors) ^ set(own))} names differ)")
+        with torch.no_grad():
+            for k, v in own.items():
+                if tensors[k].shape != v.shape:
+                    raise UserError(f"checkpoint tensor {k}: shape {list(tensors[k].shape)}, "
+                                    f"the model's {list(v.shape)}")
+                v.copy_(tensors[k])  # adapter_state / state_dict tensors share storage
+
+    def sampler_tensors(self) -> tuple[dict[str, torch.Tensor], float | None]:
+        """What a sampler of the current weights keeps: a copy of the adapters and their scale
+        alpha / r (LoRA: merged into the base only while the engine serves them), or a copy of
+        every tensor and None (full)."""
+        if self.is_lora:
+            return ({k: v.clone() for k, v in adapter_state(self.model).items()},
+                    self.alpha / self.lora["rank"])
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}, None
+
+    # -- the calls -----------------------------------------------------------------------
+
+    def forward_backward(self, req: dict) -> tuple[list[dict[str, np.ndarray]], dict]:
+        """One forward (and backward unless forward_only) over the request's datums: per
+        datum its target logprobs and per-token loss; metrics {'loss:sum': the summed loss}."""
+        data, loss_fn, config = req["data"], req["loss_fn"], req["config"]
+        vocab = self.model.get_input_embeddings().num_embeddings
+        for i, (tokens, inputs) in enumerate(data):
+            for name, arr in [("model_input", np.asarray(tokens))] + (
+                    [("target_tokens", inputs["target_tokens"])] if "target_tokens" in inputs
+                    else []):
+                if arr.size and (arr.min() < 0 or arr.max() >= vocab):
+                    raise UserError(f"datum {i}: {name} has token ids outside [0, {vocab})")
+        outputs, total = [], 0.0
+        for chunk in passes([len(t) for t, _ in data], self.pass_tokens):
+            part = [data[i] for i in chunk]
+            logp_B_T, lengths = self._target_logprobs(part, grad=not req["forward_only"])
+            loss = None
+            for b, (tokens, inputs) in enumerate(part):
+                n = lengths[b]
+                tensors = {k: torch.as_tensor(np.array(v, dtype=np.float32))
+                           for k, v in inputs.items() if k != "target_tokens"}
+                per_token = losses.elementwise(loss_fn, logp_B_T[b, :n], tensors, config)
+                loss = per_token.sum() if loss is None else loss + per_token.sum()
+                outputs.append({"logprobs": logp_B_T[b, :n].detach().numpy().astype(np.float32),
+                                "elementwise_loss": per_token.detach().numpy()
+                                .astype(np.float32)})
+            if not req["forward_only"]:
+                loss.backward()  # gradients add up over passes, as over requests
+            total += float(loss.detach())
+        return outputs, {"loss:sum": total}
+
+    def _target_logprobs(self, data, grad: bool) -> tuple[torch.Tensor, list[int]]:
+        """(B, T) log-probs of each datum's target_tokens, right-padded rows, fp32."""
+        pad = self.base.tokenizer.pad_token_id or 0
+        rows = [tokens for tokens, _ in data]
+        targets = [np.asarray(inputs["target_tokens"]).tolist() for _, inputs in data]
+        ids_B_T, mask_B_T = right_pad(rows, pad)
+        tgt_B_T, _ = right_pad(targets, pad)
+        with torch.set_grad_enabled(grad):
+            logits = self.model(input_ids=ids_B_T, attention_mask=mask_B_T,
+                                use_cache=False).logits.float()
+            logp_B_T = token_logprobs(logits, tgt_B_T, 1.0)
+        return logp_B_T, [len(r) for r in rows]
+
+    def optim_step(self, params: dict) -> dict:
+        lr = float(params.get("learning_rate", 1e-4))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+            group["betas"] = (float(params.get("beta1", 0.9)), float(params.get("beta2", 0.95)))
+            group["eps"] = float(params.get("eps", 1e-12))
+            group["weight_decay"] = float(params.get("weight_decay", 0.0))
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(
+            trainable, float(params["grad_clip_norm"])
+            if params.get("grad_clip_norm", 0.0) > 0 else float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        return {"grad_norm:mean": float(norm), "learning_rate:mean": lr}
