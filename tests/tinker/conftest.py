@@ -1,6 +1,6 @@
 """One `traingym tinker` server for the tinker tests: the app in a thread (uvicorn) on a free
 port, the tiny model, checkpoints under a temporary folder. In-process, so a test can also read
-the server's own state (test_losses.py compares its gradients with traingym's loss code)."""
+the server's own state (test_tinker_losses.py compares its gradients with traingym's loss code)."""
 
 import socket
 import threading
