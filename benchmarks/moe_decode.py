@@ -14,6 +14,7 @@ tokens/s and their ratio are reported, and whether the two paths generated the s
     PYTHONPATH=src .venv/bin/python benchmarks/moe_decode.py --hidden 64 --layers 2 \\
         --experts 8 --rounds 1 --new-tokens 4 --out /tmp/moe_decode.json   # smoke
 
+`--profile` adds one profiled call of each path and its top ops by self CPU time.
 Not covered: trained checkpoints, Mixtral (the same fused code; its own test checks logits),
 vLLM, a GPU.
 """
@@ -42,6 +43,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", action="store_true",
+                    help="also one profiled call of each path: its top ops (torch.profiler)")
     resultfile.add_args(ap)
     args = ap.parse_args()
     import torch
@@ -76,12 +79,21 @@ def main() -> None:
             seconds = time.perf_counter() - t0
             tps[name].append(sum(len(c[0].token_ids) for c in done) / seconds)
     med = {name: statistics.median(v) for name, v in tps.items()}
+    top = {}
+    for name, engine in engines.items() if args.profile else ():
+        with torch.profiler.profile() as prof:
+            engine.generate_sync(reqs)
+        ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:8]
+        total = sum(e.self_cpu_time_total for e in prof.key_averages())
+        top[name] = [{"op": e.key, "self_cpu_share": e.self_cpu_time_total / total,
+                      "calls": e.count, "avg_us": e.self_cpu_time_total / e.count}
+                     for e in ops]
     res = {"model": {"random_init": "Qwen3-MoE", "hidden": args.hidden, "layers": args.layers,
                      "experts": args.experts, "top_k": args.top_k, "params": params},
            "dtype": args.dtype, "rows": args.rows, "new_tokens": args.new_tokens,
            "threads": args.threads, "rounds": args.rounds, "tokens_per_s": tps,
            "median_tokens_per_s": med, "fused_over_hf": med["fused"] / med["hf"],
-           "same_tokens_frac": same}
+           "same_tokens_frac": same, "top_ops": top}
     print(f"{params / 1e6:.0f}M params, {args.dtype}: fused {med['fused']:.1f} tok/s, "
           f"HF {med['hf']:.1f} tok/s, {res['fused_over_hf']:.2f}x; same tokens {same:.0%}")
     rec.write(res)
