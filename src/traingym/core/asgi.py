@@ -1,4 +1,4 @@
-"""Raw ASGI helpers shared by the servers' middleware (serve, dashboard); no dependencies."""
+"""Raw ASGI helpers shared by the servers' middleware (serve, dashboard, tinker); no deps."""
 
 from __future__ import annotations
 
@@ -34,3 +34,44 @@ async def discard_body(receive, max_bytes: int, max_s: float) -> bool:
                     return False
     except TimeoutError:
         return False
+
+
+async def call_with_body(app, scope, receive, send, headers: dict, cap: int, too_big: dict,
+                         bad_length: dict, drain_bytes: int, drain_s: float):
+    """Call `app` with the request's whole body read first, at most `cap` bytes, so a route
+    reads it from memory. A Content-Length that is not a number is answered 400 `bad_length`;
+    a body declared or sent over `cap`, 413 `too_big` with the connection closed (its rest read
+    and dropped first, up to `drain_bytes` and `drain_s`, unless the client waits for '100
+    Continue' and so has sent nothing). A disconnect while reading: None, the app not called."""
+    try:
+        declared = int(headers.get(b"content-length", b"0"))
+    except ValueError:
+        return await send_json(send, 400, bad_length)
+    if declared > cap:
+        if headers.get(b"expect", b"").lower() != b"100-continue" and declared <= drain_bytes:
+            await discard_body(receive, drain_bytes, drain_s)
+        return await send_json(send, 413, too_big, [(b"connection", b"close")])
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > cap:
+            chunks.clear()
+            if message.get("more_body"):
+                await discard_body(receive, drain_bytes - size, drain_s)
+            return await send_json(send, 413, too_big, [(b"connection", b"close")])
+        if not message.get("more_body"):
+            break
+    body, sent = b"".join(chunks), False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # then wait for the disconnect, as the server reports it
+
+    return await app(scope, replay, send)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from traingym.core.asgi import discard_body, send_json
+from traingym.core.asgi import call_with_body, send_json
 
 DRAIN_BYTES = 64 << 20  # the most of an oversized body read (and dropped) before
 DRAIN_S = 10.0  # the 413; past either bound the connection is closed unread
@@ -72,37 +72,6 @@ class Guard:
         cap = self.limits.max_body_bytes
         too_big = ApiError(413, f"request body over the limit of {cap} bytes (max_body_bytes; "
                            "start the server with a larger --max-body-bytes)", "max_body_bytes")
-        try:
-            declared = int(headers.get(b"content-length", b"0"))
-        except ValueError:
-            return await send_json(send, 400, ApiError(400, "Content-Length is not a number",
-                                                        "bad_content_length").body())
-        if declared > cap:
-            # a client waiting for '100 Continue' has sent no body: nothing to drop
-            if headers.get(b"expect", b"").lower() != b"100-continue" and declared <= DRAIN_BYTES:
-                await discard_body(receive, DRAIN_BYTES, DRAIN_S)
-            return await send_json(send, 413, too_big.body(), [(b"connection", b"close")])
-        chunks, size = [], 0
-        while True:  # read the whole (bounded) body here; the route reads it from memory
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > cap:
-                chunks.clear()
-                if message.get("more_body"):
-                    await discard_body(receive, DRAIN_BYTES - size, DRAIN_S)
-                return await send_json(send, 413, too_big.body(), [(b"connection", b"close")])
-            if not message.get("more_body"):
-                break
-        body, sent = b"".join(chunks), False
-
-        async def replay():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # then wait for the disconnect, as the server reports it
-
-        return await self.app(scope, replay, send)
+        bad = ApiError(400, "Content-Length is not a number", "bad_content_length")
+        return await call_with_body(self.app, scope, receive, send, headers, cap,
+                                    too_big.body(), bad.body(), DRAIN_BYTES, DRAIN_S)

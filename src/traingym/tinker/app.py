@@ -16,7 +16,7 @@ import hmac
 import json
 from contextlib import asynccontextmanager
 
-from traingym.core.asgi import discard_body, send_json
+from traingym.core.asgi import call_with_body, send_json
 from traingym.tinker.errors import ApiError
 from traingym.tinker.futures import UserError
 from traingym.tinker.service import Service
@@ -45,38 +45,9 @@ class Guard:
                     "invalid_api_key").body())
         too_big = ApiError(413, f"request body over the limit of {self.max_body} bytes "
                            "(max_body_bytes)", "max_body_bytes").body()
-        try:
-            declared = int(headers.get(b"content-length", b"0"))
-        except ValueError:
-            return await send_json(send, 400, ApiError(400, "Content-Length is not a number")
-                                   .body())
-        if declared > self.max_body:
-            if headers.get(b"expect", b"").lower() != b"100-continue" and declared <= DRAIN_BYTES:
-                await discard_body(receive, DRAIN_BYTES, DRAIN_S)
-            return await send_json(send, 413, too_big, [(b"connection", b"close")])
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.max_body:
-                if message.get("more_body"):
-                    await discard_body(receive, DRAIN_BYTES - size, DRAIN_S)
-                return await send_json(send, 413, too_big, [(b"connection", b"close")])
-            if not message.get("more_body"):
-                break
-        body, sent = b"".join(chunks), False
-
-        async def replay():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        return await self.app(scope, replay, send)
+        bad = ApiError(400, "Content-Length is not a number").body()
+        return await call_with_body(self.app, scope, receive, send, headers, self.max_body,
+                                    too_big, bad, DRAIN_BYTES, DRAIN_S)
 
 
 def _validate(model_cls, raw: bytes):
