@@ -50,6 +50,14 @@ def rss_mib() -> float:
     return int(re.search(r"VmRSS:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
 
 
+def rss_parts_mib() -> dict[str, float]:
+    """The resident set by kind: anonymous (heap, tensors), file-backed (mapped files: libraries,
+    a model file still mapped), shared memory."""
+    text = Path("/proc/self/status").read_text()
+    return {k: round(int(re.search(rf"{k}:\s+(\d+)", text).group(1)) / 1024, 1)
+            for k in ("RssAnon", "RssFile", "RssShmem")}
+
+
 def reset_hwm() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
@@ -177,6 +185,7 @@ def child(args) -> dict:
     run.maybe_checkpoint = lambda *a, **k: False
     peaks.edge()
     built = rss_mib()
+    built_parts = rss_parts_mib()
     step_s = []
     real_step = run.trainer.train_step
 
@@ -194,6 +203,7 @@ def child(args) -> dict:
     engine_dtype = str(next(run.engine.model.parameters()).dtype).removeprefix("torch.")
     seconds = time.perf_counter() - t0
     end_rss = rss_mib()
+    end_parts = rss_parts_mib()
     run.close()
     peak = max(peaks.peak.values())
 
@@ -205,6 +215,7 @@ def child(args) -> dict:
             "train_step_s": [round(s, 2) for s in step_s],
             "interpreter_mib": round(interpreter, 1), "built_rss_mib": round(built, 1),
             "end_rss_mib": round(end_rss, 1), "peak_rss_mib": round(peak, 1),
+            "built_rss_parts_mib": built_parts, "end_rss_parts_mib": end_parts,
             "peak_bytes_per_param": per_param(peak),
             "phase_peak_mib": {k: round(v, 1) for k, v in sorted(peaks.peak.items(),
                                                                  key=lambda kv: -kv[1])},
