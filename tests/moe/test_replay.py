@@ -25,7 +25,7 @@ from traingym.envs.single_turn import to_sample
 from traingym.rollout.torch_engine import TorchEngine
 from traingym.trainer.torch_trainer import TorchTrainer
 
-FAMILIES = ("qwen3_moe", "mixtral")
+FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe")
 
 
 def _batch(engine, tok, prompts=((5, 9, 11, 4), (7, 8), (12, 3, 6)), n=3, tokens=8):
