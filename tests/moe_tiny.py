@@ -1,5 +1,6 @@
 """Tiny random-init mixture-of-experts models from the real transformers classes (Qwen3-MoE,
-Mixtral, Qwen2-MoE with its shared expert), with the tiny tokenizer (models/loader.py), for the routing tests (tests/moe)."""
+Mixtral, Qwen2-MoE with its shared expert), with the tiny tokenizer (models/loader.py), for the
+routing tests (tests/moe)."""
 
 from __future__ import annotations
 

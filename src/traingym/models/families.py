@@ -5,11 +5,12 @@ A family is what differs between Llama-shaped decoders, read by the fused decode
 q/k/v biases; qwen3 per-head q/k RMSNorm and a free head_dim; gemma a GeGLU MLP, scaled
 embeddings and RMSNorm x (1 + w); qwen3_moe, mixtral and qwen2_moe are qwen3, mistral and qwen2
 with sparse MoE blocks (rollout/fused_moe.py; `router` names the block's router class,
-models/moe.py; qwen2_moe adds a sigmoid-gated shared expert); gemma2 sandwich norms, logit soft-capping and alternating
-sliding layers; gemma3 is gemma2 without attention soft-capping, with q/k norms and RoPE per
-layer type. `CHAT_TEMPLATES` follow each family's published text-only format and render
-assistant content verbatim (multi-turn continuation needs it). System text: its own turn
-(chatml, llama3), before the first user message (mistral, gemma3), refused by gemma (Gemma 1/2).
+models/moe.py; qwen2_moe adds a sigmoid-gated shared expert); gemma2 sandwich norms, logit
+soft-capping and alternating sliding layers; gemma3 is gemma2 without attention soft-capping,
+with q/k norms and RoPE per layer type. `CHAT_TEMPLATES` follow each family's published
+text-only format and render assistant content verbatim (multi-turn continuation needs it).
+System text: its own turn (chatml, llama3), before the first user message (mistral, gemma3),
+refused by gemma (Gemma 1/2).
 `stop_token_ids` adds the template's one-token end-of-turn marker to eos: Gemma and Llama 3
 end turns with a marker that is not their eos.
 """

@@ -156,8 +156,8 @@ def engine_routes(calls: list[torch.Tensor], prompt_lens: list[int], ns: list[in
 
 def active_params(model) -> int:
     """Parameters one token runs: all but the experts it is not routed to (k of E in each MoE
-    layer, the covered families' `experts` tensors); all of a dense model's. Works on a
-    meta-device model (counts only)."""
+    layer, the covered families' `experts` tensors; Qwen2-MoE's shared expert runs on every
+    token); all of a dense model's. Works on a meta-device model (counts only)."""
     total = sum(p.numel() for p in model.parameters())
     config = getattr(model, "config", None)
     experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)

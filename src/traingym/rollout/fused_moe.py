@@ -3,16 +3,18 @@ the experts' matmuls grouped by expert, as transformers' Qwen3-MoE, Mixtral and 
 compute them.
 
 Routing: softmax over all experts in fp32, top-k, renormalised over the k where the family does
-(Mixtral always, Qwen3-MoE with `norm_topk_prob`), the gate weights in the dtype the model's
-own router returns (Qwen3-MoE: the model's; Mixtral: fp32, read once from the router at
-`refresh`). Experts: the (token, expert) pairs sorted by expert, then per expert one gate|up and
-one down matmul over its contiguous run of tokens (the fused 3-D `gate_up_proj` (E, 2I, H) and
-`down_proj` (E, H, I) of transformers 5, as views), weighted and added back per token in expert
-order, as HF's loop does. Qwen2-MoE's shared expert (a gated MLP over every token, times
-sigmoid(shared_expert_gate(x))) is added after the routed experts, as HF's block adds it. Each
-call returns the chosen ids, so the engine records routes.
-Not covered: grouped or biased routers (DeepSeek-V3), router jitter (training only), expert parallelism; the experts' weights are not pre-packed for oneDNN
-and a batch pays one host sync per MoE layer (the per-expert counts).
+(Mixtral always, Qwen3-MoE and Qwen2-MoE with `norm_topk_prob`), the gate weights in the dtype
+the model's own router returns (Qwen3-MoE, Qwen2-MoE: the model's; Mixtral: fp32, read once from
+the router at `refresh`). Experts: the (token, expert) pairs sorted by expert, then per expert
+one gate|up and one down matmul over its contiguous run of tokens (the fused 3-D `gate_up_proj`
+(E, 2I, H) and `down_proj` (E, H, I) of transformers 5, as views), weighted and added back per
+token in expert order, as HF's loop does. Qwen2-MoE's shared expert (a gated MLP over every
+token, times sigmoid(shared_expert_gate(x))) is added after the routed experts, as HF's block
+adds it. Each call returns the chosen ids, so the engine records routes.
+Not covered: grouped or biased routers (DeepSeek-V3), router jitter (training only), expert
+parallelism, biases in the shared expert (`unsupported_block` refuses them; the engine then
+decodes with HF's forward); the experts' weights are not pre-packed for oneDNN and a batch pays
+one host sync per MoE layer (the per-expert counts).
 """
 
 from __future__ import annotations
