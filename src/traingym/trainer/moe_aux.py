@@ -15,6 +15,9 @@ weighted by its share of the batch's policy tokens (one micro-batch: the batch's
 With `algorithm.routing_replay` the routes are forced but the router logits are the router's
 own: the loss measures (and its gradient balances, through P_e) what the trainer's router
 would choose, not the replayed experts.
+With LoRA its gradient reaches only what the adapters train (the routers stay frozen unless
+lora.target_modules names them). Dense models: refused (config/rules.py where model.path is
+known before loading, else here).
 Not covered: gradient checkpointing (config/rules.py refuses it), the reference and value
 passes (no loss there).
 """
