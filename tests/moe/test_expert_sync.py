@@ -1,7 +1,7 @@
 """Weight sync of a mixture of experts' 3-D expert tensors (transformers 5 fuses each layer's
 experts into `experts.gate_up_proj` (E, 2I, H) and `experts.down_proj` (E, H, I)): a tiny
-Qwen3-MoE and Mixtral (tests/moe_tiny.py) stepped by AdamW (tests/realistic_weights.py), bf16
-on the wire as an engine gets them.
+Qwen3-MoE, Mixtral and Qwen2-MoE (tests/moe_tiny.py) stepped by AdamW
+(tests/realistic_weights.py), bf16 on the wire as an engine gets them.
 
 Covered: every version arrives over the delta codec bit-exact, each delta verified by the
 additive hash and (verify_base) the full hash; the additive hash's movement that applying a
@@ -25,7 +25,7 @@ from traingym.weights.sync import Publisher, PublisherConfig, Subscriber, Subscr
 VERSIONS = 4
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "mixtral"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "qwen2_moe"])
 def states(request):
     model, _ = tiny_moe(request.param)
     out = list(rl_states(model.train(), VERSIONS - 1, lr=1e-4, seq=16))

@@ -14,7 +14,7 @@ from traingym.rollout.fused_moe import is_sparse, moe_mlp, moe_weights
 from traingym.rollout.torch_engine import TorchEngine
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "qwen2_moe"])
 @pytest.mark.parametrize("router_std", [1.0, 0.02])
 def test_block_equals_hfs_sparse_moe_block(family, router_std):
     model, _ = tiny_moe(family, router_std=router_std)

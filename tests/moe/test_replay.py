@@ -1,8 +1,9 @@
 """Routing replay in the trainer (trainer/replay.py) on tiny random-init MoE models
-(tests/moe_tiny.py): samples from the built-in engine, one train step each.
+(tests/moe_tiny.py: Qwen3-MoE, Mixtral, Qwen2-MoE): samples from the built-in engine, one
+train step each.
 
-- fp32 engine and trainer, replay on: the trainer's log-probs are the engine's (|d| < 1e-5)
-  and no route differs;
+- fp32 engine and trainer, replay on: the trainer's log-probs are the engine's (mean |d| <
+  1e-5, and each token's within 1e-5 of the fused engine's) and no route differs;
 - perturbed trainer routers (or a bf16 engine): without replay some routes differ
   (moe_route_mismatch > 0); with replay moe_route_mismatch is 0 while moe_router_mismatch
   (what the trainer's router would choose) stays > 0;
@@ -25,7 +26,7 @@ from traingym.envs.single_turn import to_sample
 from traingym.rollout.torch_engine import TorchEngine
 from traingym.trainer.torch_trainer import TorchTrainer
 
-FAMILIES = ("qwen3_moe", "mixtral")
+FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe")
 
 
 def _batch(engine, tok, prompts=((5, 9, 11, 4), (7, 8), (12, 3, 6)), n=3, tokens=8):
@@ -147,3 +148,27 @@ def test_every_policy_pass_replays(monkeypatch, algorithm, passes):
     m = build_trainer(cfg, _perturbed(model), tok.pad_token_id).train_step(batch)
     assert forced == [True] * passes
     assert m["moe_route_mismatch"] == 0.0 and m["moe_router_mismatch"] > 0.0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_replayed_routes_give_the_engines_per_token_logprobs(family):
+    """Per token, not on average: the fused engine's fp32 log-probs against the trainer's
+    shared-prompt forward (trainer/logprobs.py) with the engine's recorded routes replayed."""
+    from traingym.trainer.logprobs import completion_logprobs
+    from traingym.trainer.replay import RouteReplay
+
+    model, tok = tiny_moe(family)
+    engine = TorchEngine(copy.deepcopy(model), tok.pad_token_id)
+    assert engine.fused is not None  # the fused decode path (rollout/fused_moe.py)
+    batch = _batch(engine, tok)
+    rows = ([g.samples[0].prompt_ids for g in batch.groups],
+            [[s.completion_ids for s in g.samples] for g in batch.groups], 1.0,
+            tok.pad_token_id)
+    stats = {}
+    with torch.no_grad(), RouteReplay(model, True, False).forward(batch.groups, stats):
+        got_B_T = completion_logprobs(model, *rows).logp_B_T
+    assert stats["moe_route_pairs"] > 0 and stats["moe_route_differ"] == 0, stats
+    samples = [s for g in batch.groups for s in g.samples]
+    err = max(abs(got_B_T[b, t].item() - lp) for b, s in enumerate(samples)
+              for t, lp in enumerate(s.completion_logprobs))
+    assert err < 1e-5, err

@@ -14,7 +14,7 @@ from traingym.core.types import GenerationRequest, SamplingParams
 from traingym.models import moe
 from traingym.rollout.torch_engine import TorchEngine
 
-FAMILIES = ("qwen3_moe", "mixtral")
+FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

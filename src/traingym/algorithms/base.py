@@ -43,6 +43,7 @@ class Knobs:
     overlong_penalty: float = 1.0
     max_new_tokens: int = 8  # rollout.max_new_tokens: the length limit of the overlong rules
     routing_replay: bool = False  # MoE policies: replay the engine's routes (trainer/replay.py)
+    moe_aux_loss_coef: float = 0.0  # MoE policies: load-balancing loss (trainer/moe_aux.py)
 
 
 class Algorithm:

@@ -65,10 +65,16 @@ class AlgorithmConfig(BaseModel):
     is_cap: float = Field(2.0, ge=1.0, description="tis: weights are cut to this; mis: tokens "
                           "(or sequences) with a weight above it get weight 0")
     routing_replay: bool = Field(False, description="mixture-of-experts policies (Qwen3-MoE, "
-                                 "Mixtral): the trainer's forward sends each token to the "
-                                 "experts the engine routed it to, with the trainer's own gate "
-                                 "weights over them (R3; trainer/replay.py); needs an engine "
-                                 "that reports routes (abilities.reports_routes: 'torch')")
+                                 "Mixtral, Qwen2-MoE): the trainer's forward sends each token "
+                                 "to the experts the engine routed it to, with the trainer's "
+                                 "own gate weights over them (R3; trainer/replay.py); needs an "
+                                 "engine that reports routes (abilities.reports_routes: 'torch')")
+    moe_aux_loss_coef: float = Field(0.0, ge=0, description="mixture-of-experts policies "
+                                     "(Qwen3-MoE, Mixtral, Qwen2-MoE): the loss adds this x the "
+                                     "family's load-balancing loss (transformers' "
+                                     "load_balancing_loss_func) over the positions that predict "
+                                     "policy tokens (trainer/moe_aux.py), reported as "
+                                     "moe_aux_loss; 0 = off; a dense model is refused")
 
     @field_validator("name")
     @classmethod

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from traingym.algorithms import registry as algorithms
 from traingym.core.registry import one_of
+from traingym.models.families import moe_routers
+from traingym.models.presets import model_type_of
 from traingym.rollout import registry as engines
 from traingym.weights import registry as transports
 
@@ -16,6 +18,7 @@ def check(cfg) -> None:
     _algorithm_can_run(cfg)
     _async_needs(cfg)
     _routing_replay(cfg)
+    _moe_aux_loss(cfg)
 
 
 def check_teacher_temperature(cfg) -> None:
@@ -122,6 +125,26 @@ def _routing_replay(cfg) -> None:
         raise ValueError("algorithm.routing_replay does not cover "
                          "trainer.gradient_checkpointing (the backward pass recomputes the "
                          "forward outside the replay): turn one of them off")
+
+
+def _moe_aux_loss(cfg) -> None:
+    """algorithm.moe_aux_loss_coef needs an MoE model (known here where model.path is a local
+    folder, 'tiny', 'embedded' or a preset; else the trainer refuses a dense model when it
+    loads it) and the shared-prompt forward."""
+    if cfg.algorithm.moe_aux_loss_coef == 0:
+        return
+    model_type = model_type_of(cfg.model.path, cfg.model.preset)
+    covered = moe_routers()
+    if model_type is not None and model_type not in covered:
+        raise ValueError(f"algorithm.moe_aux_loss_coef > 0 adds a mixture-of-experts "
+                         f"load-balancing loss, but model.path={cfg.model.path!r} is a dense "
+                         f"model (model_type {model_type!r}; covered MoE families: "
+                         f"{', '.join(sorted(covered))}): set algorithm.moe_aux_loss_coef = 0")
+    if cfg.trainer.gradient_checkpointing:
+        raise ValueError("algorithm.moe_aux_loss_coef > 0 does not cover "
+                         "trainer.gradient_checkpointing (its full-row forward lays positions "
+                         "out otherwise): set algorithm.moe_aux_loss_coef = 0 or "
+                         "trainer.gradient_checkpointing = false")
 
 
 def _async_needs(cfg) -> None:

@@ -3,12 +3,14 @@
 A family is what differs between Llama-shaped decoders, read by the fused decode
 (rollout/fused_decoder.py) and the presets: mistral slides a window over every layer; qwen2 adds
 q/k/v biases; qwen3 per-head q/k RMSNorm and a free head_dim; gemma a GeGLU MLP, scaled
-embeddings and RMSNorm x (1 + w); qwen3_moe and mixtral are qwen3 and mistral with sparse MoE
-blocks (rollout/fused_moe.py); gemma2 sandwich norms, logit soft-capping and alternating
-sliding layers; gemma3 is gemma2 without attention soft-capping, with q/k norms and RoPE per
-layer type. `CHAT_TEMPLATES` follow each family's published text-only format and render
-assistant content verbatim (multi-turn continuation needs it). System text: its own turn
-(chatml, llama3), before the first user message (mistral, gemma3), refused by gemma (Gemma 1/2).
+embeddings and RMSNorm x (1 + w); qwen3_moe, mixtral and qwen2_moe are qwen3, mistral and qwen2
+with sparse MoE blocks (rollout/fused_moe.py; `router` names the block's router class,
+models/moe.py; qwen2_moe adds a sigmoid-gated shared expert); gemma2 sandwich norms, logit
+soft-capping and alternating sliding layers; gemma3 is gemma2 without attention soft-capping,
+with q/k norms and RoPE per layer type. `CHAT_TEMPLATES` follow each family's published
+text-only format and render assistant content verbatim (multi-turn continuation needs it).
+System text: its own turn (chatml, llama3), before the first user message (mistral, gemma3),
+refused by gemma (Gemma 1/2).
 `stop_token_ids` adds the template's one-token end-of-turn marker to eos: Gemma and Llama 3
 end turns with a marker that is not their eos.
 """
@@ -30,6 +32,7 @@ class Family:
     chat_template: str  # a key of CHAT_TEMPLATES
     attn_softcap: bool = False  # applies config.attn_logit_softcapping (Gemma 3's module
     # stores it but never passes it to attention, so Gemma 3 does not)
+    router: str | None = None  # mixture of experts: the class name of its router module
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -37,8 +40,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("mistral", ("mistral",), "llama", "hidden_act", "all", False, "mistral"),
     Family("qwen2", ("qwen2",), "llama", "hidden_act", "layer_types", False, "chatml-qwen2.5"),
     Family("qwen3", ("qwen3",), "llama", "hidden_act", "layer_types", False, "qwen3"),
-    Family("qwen3_moe", ("qwen3_moe",), "llama", "hidden_act", "all", False, "qwen3"),
-    Family("mixtral", ("mixtral",), "llama", "hidden_act", "all", False, "mistral"),
+    Family("qwen3_moe", ("qwen3_moe",), "llama", "hidden_act", "all", False, "qwen3",
+           router="Qwen3MoeTopKRouter"),
+    Family("mixtral", ("mixtral",), "llama", "hidden_act", "all", False, "mistral",
+           router="MixtralTopKRouter"),
+    Family("qwen2_moe", ("qwen2_moe",), "llama", "hidden_act", "layer_types", False,
+           "chatml-qwen2.5", router="Qwen2MoeTopKRouter"),
     Family("gemma", ("gemma",), "gemma", "hidden_act", "none", True, "gemma"),
     Family("gemma2", ("gemma2",), "gemma", "hidden_activation", "layer_types", True, "gemma",
            attn_softcap=True),
@@ -56,6 +63,11 @@ def family_of(model_type: str) -> Family | None:
 
 def covered_model_types() -> list[str]:
     return sorted(_BY_MODEL_TYPE)
+
+
+def moe_routers() -> dict[str, str]:
+    """{model_type: its router's class name} of the mixture-of-experts families."""
+    return {t: f.router for f in FAMILIES.values() if f.router for t in f.model_types}
 
 
 def layer_windows(config, family: Family) -> list[int | None]:

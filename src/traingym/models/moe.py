@@ -14,8 +14,9 @@ renormalises: Mixtral always, Qwen3-MoE with `norm_topk_prob`), so the router st
 gradients and a forced route equal to the router's choice changes nothing. This is the R3
 variant (Ma et al. 2025, "Stabilizing MoE RL by aligning training and inference routers"):
 replay the inference engine's expert choice, not its gate weights.
-Covered: Qwen3-MoE and Mixtral as transformers >= 5 ships them (routers return (logits,
-top-k weights, top-k ids)). Not covered: shared experts (Qwen2-MoE), grouped or biased routers
+Covered: Qwen3-MoE, Mixtral and Qwen2-MoE as transformers >= 5 ships them (routers return
+(logits, top-k weights, top-k ids)); Qwen2-MoE's shared expert runs on every token beside the
+routed ones and has no route to record or force. Not covered: grouped or biased routers
 (DeepSeek-V3), gradient-checkpointed forwards (the recomputation runs after the block closes).
 """
 
@@ -27,10 +28,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-ROUTERS: dict[str, str] = {  # config.model_type -> the class name of its router module
-    "qwen3_moe": "Qwen3MoeTopKRouter",
-    "mixtral": "MixtralTopKRouter",
-}
+from traingym.models.families import moe_routers
+
+ROUTERS: dict[str, str] = moe_routers()  # config.model_type -> its router's class name
 
 
 def routers(model) -> list[torch.nn.Module]:
@@ -156,8 +156,8 @@ def engine_routes(calls: list[torch.Tensor], prompt_lens: list[int], ns: list[in
 
 def active_params(model) -> int:
     """Parameters one token runs: all but the experts it is not routed to (k of E in each MoE
-    layer, the covered families' `experts` tensors); all of a dense model's. Works on a
-    meta-device model (counts only)."""
+    layer, the covered families' `experts` tensors; Qwen2-MoE's shared expert runs on every
+    token); all of a dense model's. Works on a meta-device model (counts only)."""
     total = sum(p.numel() for p in model.parameters())
     config = getattr(model, "config", None)
     experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)

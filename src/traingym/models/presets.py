@@ -262,6 +262,17 @@ def _read_config(path: str) -> dict | None:
         raise ValueError(f"model.path={path!r}: cannot read {file}: {e}") from None
 
 
+def model_type_of(path: str, preset: str | None = None) -> str | None:
+    """The model_type model.path (or its preset) holds: 'llama' for 'tiny' and 'embedded', a
+    local folder's config.json's; None when not known before loading (a hub id, no folder)."""
+    if path in ("tiny", "embedded"):
+        return "llama"
+    config = _read_config(path)
+    if config is not None:
+        return config.get("model_type")
+    return PRESETS[preset].arch.model_type if preset in PRESETS else None
+
+
 def check_path(name: str, path: str) -> None:
     """ValueError naming each field where model.path's config.json differs from the preset."""
     preset = get(name)

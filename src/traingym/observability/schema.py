@@ -69,6 +69,9 @@ STEP_FIELDS = [
       "algorithm.routing_replay); null when no pair was compared"),
     F("moe_router_mismatch", "float?", "the same for the experts the trainer's router would "
       "choose (equals moe_route_mismatch without routing replay)"),
+    F("moe_aux_loss", "float", "the family's load-balancing loss over the positions that "
+      "predict policy tokens, before algorithm.moe_aux_loss_coef (only when it is > 0; "
+      "trainer/moe_aux.py)"),
     # algorithms with a value head (algorithm.name='ppo', algorithms/ppo.py)
     F("value_loss", "float", "ppo: value loss 0.5 max((V-R)^2, (V_clip-R)^2), mean over policy "
       "tokens (before vf_coef)"),

@@ -9,8 +9,8 @@ kernel, bitwise-identical results), and in fp32 oneDNN's packed kernel beats MKL
 batch sizes (a second copy of the weights; results round differently from F.linear's, ~1e-6).
 Covered: the families of models/families.py as transformers ships them (biases, tied embeddings,
 sliding windows as HF masks them, RoPE types fixed at load: default, linear, llama3, yarn);
-the sparse MoE blocks of Qwen3-MoE and Mixtral (rollout/fused_moe.py). With `routes` set to a
-list, each forward appends the experts it chose, (rows x positions, MoE layers, k), for the
+the sparse MoE blocks of Qwen3-MoE, Mixtral and Qwen2-MoE (rollout/fused_moe.py). With `routes`
+set to a list, each forward appends the experts it chose, (rows x positions, MoE layers, k), for the
 engine's routing record (models/moe.py).
 Not covered (`unsupported` names the reason; the engine then decodes with HF's forward): other
 model_types (Phi, OLMo, multimodal `gemma3`, other MoE layouts ...), dynamic/longrope RoPE,
@@ -27,7 +27,8 @@ import torch.nn.functional as F
 
 from traingym.models.families import covered_model_types, family_of, layer_windows
 from traingym.models.moe import route_dtype
-from traingym.rollout.fused_moe import MoeWeights, is_sparse, moe_mlp, moe_weights
+from traingym.rollout.fused_moe import (MoeWeights, is_sparse, moe_mlp, moe_weights,
+                                        unsupported_block)
 
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed when the model is built
 
@@ -63,6 +64,8 @@ def unsupported(model) -> str | None:
         if not (is_sparse(layer.mlp) or hasattr(layer.mlp, "gate_proj")):
             return (f"{type(layer.mlp).__name__} is neither a gated MLP nor a sparse MoE "
                     "block with fused 3-D experts (rollout/fused_moe.py)")
+        if is_sparse(layer.mlp) and unsupported_block(layer.mlp):
+            return unsupported_block(layer.mlp)
     return None
 
 

@@ -9,7 +9,7 @@ In-flight updates: with `between_steps` set, it is called before every decode fo
 later tokens come from the new weights, each completion records per-token versions, and the earlier
 KV cache is kept (as PipelineRL does). Step-level decoding for `traingym serve` is `step_decoder()`
 (rollout/continuous.py).
-Mixture-of-experts models (models/moe.py: Qwen3-MoE, Mixtral; fused: rollout/fused_moe.py): each
+Mixture-of-experts models (models/moe.py: Qwen3-MoE, Mixtral, Qwen2-MoE; rollout/fused_moe.py): each
 completion carries its routes (`Completion.routes`: the experts of each MoE layer at every prompt
 and completion position the engine ran), for routing replay in the trainer.
 Not covered: stop strings (stop token ids only), speculative decoding, paged attention.

@@ -10,9 +10,10 @@ weights, so `state_hash` is of the state last loaded, not read back.
 Log-probs follow traingym's contract (log softmax(logits / T) before any top-k/top-p cut) through
 the worker's hooks, for sampling and for `score` alike (rollout/vllm_worker.py); seeds are per
 request (sample i: seed + i).
-Mixture-of-experts models (Qwen3-MoE, Mixtral) are written in their checkpoint layout
-(`_disk_layout`), and the worker repacks the CPU MoE kernel's experts after each reload
-(vllm_worker.py `traingym_repack_moe`); vLLM reports no routes (abilities.reports_routes).
+Mixture-of-experts models (Qwen3-MoE, Mixtral; Qwen2-MoE untested) are written in their
+checkpoint layout (`_disk_layout`), and the worker repacks the CPU MoE kernel's experts after
+each reload (vllm_worker.py `traingym_repack_moe`); vLLM reports no routes
+(abilities.reports_routes).
 Not covered: in-flight weight updates, stop strings, tensor parallelism, several vLLM instances
 behind one engine (run one engine per instance).
 """

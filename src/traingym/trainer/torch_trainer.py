@@ -13,7 +13,9 @@ value head (`needs_values`, trainer/value_head.py: checkpointed, never exported)
 (`needs_teacher`, trainer/teacher.py). Environment tokens (`loss_mask` 0) are context only.
 A batch whose groups were all dropped makes no update but counts as a step (mismatch null).
 Mixture-of-experts policies: the policy forward replays the engine's routes with
-`algorithm.routing_replay`, and steps report `moe_route_mismatch` (trainer/replay.py).
+`algorithm.routing_replay`, and steps report `moe_route_mismatch` (trainer/replay.py); with
+`algorithm.moe_aux_loss_coef > 0` the loss adds the family's load-balancing loss, reported as
+`moe_aux_loss` (trainer/moe_aux.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from traingym.trainer.casts import Borrowing, lending
 from traingym.trainer.config import TrainerConfig
 from traingym.trainer.logprobs import completion_logprobs
 from traingym.trainer.micro import micro_batches, sequence_logprobs
+from traingym.trainer.moe_aux import AuxLoss
 from traingym.trainer.optimizers import StepInBackward, make_optimizer
 from traingym.trainer.replay import RouteReplay, route_fractions
 from traingym.trainer.step_changes import ChangeTracking, trackable
@@ -75,6 +78,7 @@ class TorchTrainer:
             self.logprobs = sequence_logprobs
         self.routes = RouteReplay(model, algorithm.knobs.routing_replay,
                                   cfg.gradient_checkpointing)  # MoE: trainer/replay.py
+        self.aux = AuxLoss(model, algorithm.knobs.moe_aux_loss_coef)  # trainer/moe_aux.py
         self.forward_model = wrap(model) if wrap is not None else model
         self._loan = None  # lend(): bf16 casts for the next step only (trainer/casts.py)
         self._lendable: set[str] | None = None
@@ -140,11 +144,17 @@ class TorchTrainer:
             token_adv = self._token_advantages(chunks, rows, refs)
         if knobs.entropy_coef > 0:
             extra["entropy_grad"] = True
+        if knobs.moe_aux_loss_coef > 0:
+            stats["moe_aux_loss"] = 0.0
         for n, (chunk, advantages) in enumerate(chunks):
             with self._autocast(), trace.span("forward", cat="trainer", micro=n), \
-                    self.routes.forward(chunk, stats):
+                    self.routes.forward(chunk, stats), self.aux.collect() as router_logits:
                 out = self.logprobs(self._policy(), *rows[n], **extra)
             mask = out.mask_B_T  # policy tokens only
+            aux = None
+            if router_logits:  # algorithm.moe_aux_loss_coef > 0 (trainer/moe_aux.py)
+                aux = self.aux.loss(router_logits, rows[n][0], rows[n][1], rows[n][4])
+                router_logits.clear()
             adv_B = torch.tensor([a for adv in advantages for a in adv], dtype=torch.float32,
                                  device=out.logp_B_T.device)
             adv_B_T = token_adv[n] if token_adv is not None else adv_B[:, None]
@@ -173,8 +183,13 @@ class TorchTrainer:
             for k, v in sums.items():
                 stats[k] = stats.get(k, 0.0) + v / total_tokens
             weighted = loss_B_T * algo.token_weights(mask)
+            total = weighted.sum().mul(scale).div(denom)
+            if aux is not None:  # its share of the batch: this micro-batch's policy tokens
+                share = float(mask.sum()) / total_tokens
+                total = total + aux * (knobs.moe_aux_loss_coef * share * scale)
+                stats["moe_aux_loss"] += float(aux.detach()) * share
             with trace.span("backward", cat="trainer", micro=n):
-                weighted.sum().mul(scale).div(denom).backward()
+                total.backward()
             memory.trim()  # the pass's freed activations back to the system: core/memory.py
             stats["loss"] += float(weighted.detach().sum()) / denom
             stats["kl"] += float((kl_B_T.detach() * mask).sum()) / total_tokens
