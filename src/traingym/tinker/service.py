@@ -68,6 +68,8 @@ class Service(SamplerCalls):
             self.models.pop(mid, None)
         for key in [k for k in list(self.samplers) if k.startswith(f"{sid}:")]:
             self.samplers.pop(key, None)
+            for target in [t for t in list(self.futures.logs) if t[0] == key]:
+                self.futures.drop_target(target)
 
     def session(self, sid: str) -> dict:
         if sid not in self.sessions:
