@@ -95,6 +95,7 @@ def build_app(service: Service, api_key: str):
         service.futures.start(asyncio.get_running_loop())
         yield
         service.futures.stop()
+        service.engines.close()
 
     app = FastAPI(title="traingym tinker", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
