@@ -3,7 +3,9 @@ one-node Ray cluster started here (one CPU, tests/raynodes.py), the trainer in t
 process. Through the SDK: a trained LoRA client's save_weights_and_get_sampling_client +
 sample give log-probs at T=1 equal to the training client's forward log-probs of the same
 tokens and compute_logprobs equal to them too (as the local-mode test checks), the engine's
-weights hash equals the publisher's, and the engine is an actor in another process.
+weights hash equals the publisher's, and the engine is an actor in another process; switching
+to another session on the same base and back republishes (a version each) and the trained
+session samples as before.
 The config file's `[cluster]` and `[weights]` tables reach the server's config.
 Without ray installed this skips (and fails under CI, tests/prereq.py)."""
 
@@ -57,6 +59,7 @@ def test_config_file_sections_reach_the_server(tmp_path):
         load_config(str(f))
 
 
+@pytest.mark.slow  # 60-65 s here: the cluster's start (21 s) and stop (11 s) included
 def test_ray_sampler_serves_the_trained_weights(ray_head, tmp_path, tokenizer):
     import uvicorn
     from tinker import types
@@ -104,6 +107,21 @@ def test_ray_sampler_serves_the_trained_weights(ray_head, tmp_path, tokenizer):
         assert remote.where["pid"] != os.getpid()  # sampled in the actor, not here
         report = remote.report()
         assert report["hash"] == report["published"] and report["version"] == 1
+
+        # another session on the same base (the base itself), then back: each switch is
+        # published as the next version (a delta), and the trained session samples as before
+        base = sc.create_sampling_client(base_model="tiny").result()
+        greedy = types.SamplingParams(max_tokens=3, temperature=0.0, stop=[])
+        other = base.sample(types.ModelInput.from_ints(prompt), 1, greedy).result()
+        again = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=2,
+                               sampling_params=types.SamplingParams(
+                                   max_tokens=5, temperature=1.0, seed=5, stop=[])).result()
+        assert [s.tokens for s in again.sequences] == [s.tokens for s in res.sequences]
+        np.testing.assert_allclose(again.sequences[0].logprobs, res.sequences[0].logprobs,
+                                   rtol=1e-5, atol=1e-5)
+        assert other.sequences[0].tokens  # served from the base's weights in between
+        report = remote.report()
+        assert report["hash"] == report["published"] and report["version"] == 3
     finally:
         server.should_exit = True
         thread.join(30)
