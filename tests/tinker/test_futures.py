@@ -105,7 +105,8 @@ def test_retrieve_answers_try_again_while_waiting(live):
 
 def test_completions_log_per_target_with_a_cursor():
     """A target's finished requests in finish order, failed ones too; a poll's cursor trims
-    what it acknowledges; an empty poll waits up to its timeout; retrieved ids are dropped."""
+    what it acknowledges; an empty poll waits up to its timeout; retrieved ids are dropped
+    (only this target's finished ones)."""
     import time
 
     async def main():
@@ -133,6 +134,12 @@ def test_completions_log_per_target_with_a_cursor():
         with pytest.raises(KeyError):
             await f.wait(a, 0.1)  # retrieved: dropped
         assert (await f.wait(other, 0.1)).json == {"p": "x"}  # not this target's: kept
+        gate = threading.Event()
+        f.submit(lambda: gate.wait(5) and {})  # hold the worker
+        d = f.submit_batched("k", "d", run_many, target=("s", 0))
+        await f.completions(("s", 0), cursor2, 0, retrieved=[d])  # not finished: ignored
+        gate.set()
+        assert (await f.wait(d, 5)).json == {"p": "d"}
         with pytest.raises(KeyError):
             await f.completions(("nope", 0), 0, 0)
         f.stop()

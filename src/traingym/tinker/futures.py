@@ -194,11 +194,9 @@ class Futures:
         event = self.pending.get(rid)
         if event is not None and self.loop is not None:
             self.loop.call_soon_threadsafe(event.set)
-            if target in self.news:
-                self.loop.call_soon_threadsafe(self.news[target].set)
-
-    def has_target(self, target) -> bool:
-        return target in self.logs
+            news = self.news.get(target)  # (the loop's thread may drop it meanwhile)
+            if news is not None:
+                self.loop.call_soon_threadsafe(news.set)
 
     def drop_target(self, target) -> None:
         """Forget a target's log (its sampling session ended); its results stay until
@@ -214,15 +212,15 @@ class Futures:
         """Requests of `target` finished after `prev_cursor` (its entries up to it are
         trimmed), waiting up to `timeout` s for the first, with the cursor to pass next.
         `retrieved`: ids of this target whose results the client has, dropped now (ids that
-        are not this target's, or are gone already, are left alone). KeyError: no such
-        target."""
+        are not this target's, not finished, or gone already, are left alone). KeyError: no
+        such target."""
         def ready():
             with self.lock:
                 log = self.logs[target]
                 while log and log[0][0] <= prev_cursor:
                     log.popleft()
-                for rid in retrieved:
-                    if self.target_of.get(rid) == target:
+                for rid in retrieved:  # finished ones only: a pending one is not retrieved
+                    if self.target_of.get(rid) == target and rid in self.done:
                         self.target_of.pop(rid)
                         self.done.pop(rid, None)
                         self.pending.pop(rid, None)
