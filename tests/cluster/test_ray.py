@@ -27,8 +27,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +36,7 @@ from pathlib import Path
 
 import pytest
 from prereq import require, require_sandbox
+from raynodes import _free_ports, _node_cmd, _stop, _wait_for
 
 import traingym
 from traingym.algorithms.importance import ImportanceSpec
@@ -46,7 +45,6 @@ from traingym.core.errors import ConfigError
 from traingym.loop.trainer import build_algorithm
 from traingym.observability.events import read_events
 
-RAY = shutil.which("ray", path=str(Path(sys.executable).parent))
 
 
 def _cfg(steps, cluster=None):
@@ -88,57 +86,6 @@ def test_local_mode_does_not_import_ray():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def _free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _node_cmd(temp, ports, resources=None):
-    node_manager, object_manager, w_lo, agent, metrics, rt_agent, agent_grpc = ports
-    cmd = [RAY, "start", "--block", "--num-cpus=1", f"--temp-dir={temp}",
-           "--object-store-memory=100000000", "--memory=3000000000",
-           f"--node-manager-port={node_manager}", f"--object-manager-port={object_manager}",
-           f"--min-worker-port={w_lo}", f"--max-worker-port={w_lo + 20}",
-           f"--dashboard-agent-listen-port={agent}", f"--metrics-export-port={metrics}",
-           f"--runtime-env-agent-port={rt_agent}", f"--dashboard-agent-grpc-port={agent_grpc}"]
-    if resources:
-        cmd.append(f"--resources={resources}")
-    return cmd
-
-
-def _stop(proc, temp):
-    """Stop one node: the `ray start --block` process, its children and any process whose
-    command line names this node's temp dir; by process id, SIGTERM then SIGKILL."""
-    import psutil
-
-    mine = set()
-    try:
-        root = psutil.Process(proc.pid)
-        mine |= {root, *root.children(recursive=True)}
-    except psutil.NoSuchProcess:
-        pass
-    for p in psutil.process_iter(["cmdline"]):
-        if any(str(temp) in part for part in (p.info["cmdline"] or [])):
-            mine.add(p)
-    for p in mine:
-        try:
-            p.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(list(mine), timeout=10)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
-
-
 @pytest.fixture(scope="module")
 def two_nodes():
     require("ray", "the Ray backend needs the `ray` extra (pip install 'traingym[ray]')")
@@ -173,21 +120,6 @@ def _two_nodes():
             _stop(proc, temp)
         for temp in (head_temp, worker_temp):
             shutil.rmtree(temp, ignore_errors=True)
-
-
-def _wait_for(address, n, nodes, timeout=90.0):
-    """Until the cluster lists n live nodes (`ray status` against this head only)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for proc, _ in nodes:
-            assert proc.poll() is None, f"ray start exited with {proc.returncode}"
-        out = subprocess.run([RAY, "status", f"--address={address}"], capture_output=True,
-                             text=True, env={**os.environ})
-        if out.returncode == 0 and out.stdout.count("node_") >= n:
-            return
-        time.sleep(1.0)
-    raise TimeoutError(f"the Ray cluster at {address} did not list {n} nodes in {timeout}s:\n"
-                       f"{out.stdout}\n{out.stderr}")
 
 
 def _user_package(root: Path) -> Path:

@@ -101,3 +101,88 @@ def test_retrieve_answers_try_again_while_waiting(live):
     r = httpx.post(live.url + "/api/v1/retrieve_future", headers=h, json={"request_id": rid},
                    timeout=30)
     assert r.status_code == 200 and r.json() == {"ok": True}
+
+
+def test_completions_log_per_target_with_a_cursor():
+    """A target's finished requests in finish order, failed ones too; a poll's cursor trims
+    what it acknowledges; an empty poll waits up to its timeout; retrieved ids are dropped
+    (only this target's finished ones)."""
+    import time
+
+    async def main():
+        f = Futures(kept=16)
+        f.start(asyncio.get_running_loop())
+
+        def run_many(payloads):
+            return [UserError("no") if p == "bad" else {"p": p} for p in payloads]
+
+        a = f.submit_batched("k", "a", run_many, target=("s", 0))
+        b = f.submit_batched("k", "bad", run_many, target=("s", 0))
+        other = f.submit_batched("k2", "x", run_many, target=("s", 1))
+        await f.wait(b, 5), await f.wait(other, 5)
+        done, cursor = await f.completions(("s", 0), 0, 1.0)
+        assert [rid for rid, _ in done] == [a, b]
+        assert done[0][1].json == {"p": "a"} and done[1][1].error == "no"
+        t0 = time.monotonic()
+        assert await f.completions(("s", 0), cursor, 0.3) == ([], cursor)  # trimmed, waited
+        assert time.monotonic() - t0 >= 0.25
+        assert await f.completions(("s", 0), cursor, 0) == ([], cursor)  # at once
+        c = f.submit_batched("k", "c", run_many, target=("s", 0))
+        done, cursor2 = await f.completions(("s", 0), cursor, 5)  # woken by c
+        assert [rid for rid, _ in done] == [c] and cursor2 > cursor
+        await f.completions(("s", 0), cursor2, 0, retrieved=[a, other])
+        with pytest.raises(KeyError):
+            await f.wait(a, 0.1)  # retrieved: dropped
+        assert (await f.wait(other, 0.1)).json == {"p": "x"}  # not this target's: kept
+        gate = threading.Event()
+        f.submit(lambda: gate.wait(5) and {})  # hold the worker
+        d = f.submit_batched("k", "d", run_many, target=("s", 0))
+        await f.completions(("s", 0), cursor2, 0, retrieved=[d])  # not finished: ignored
+        gate.set()
+        assert (await f.wait(d, 5)).json == {"p": "d"}
+        with pytest.raises(KeyError):
+            await f.completions(("nope", 0), 0, 0)
+        f.stop()
+
+    asyncio.run(main())
+
+
+def test_sdk_polls_retrieve_futures_out_of_order_and_failed(live, tokenizer):
+    """Through the SDK (the server turns sample_use_retrieve_futures on): samples finish while
+    the script waits on the last one first; each result is fetched only after the session
+    poller's /retrieve_futures reported it (retrieve_future is never answered try_again), and
+    a failed sample fails its future alone."""
+    import tinker
+    from tinker import types
+
+    service = live.service
+    sampler = live.client().create_sampling_client(base_model="tiny").result()
+    prompts = [types.ModelInput.from_ints(tokenizer.encode(t)) for t in ("What", "What is 1")]
+    params = types.SamplingParams(max_tokens=3, temperature=0.0, stop=[])
+    alone = [sampler.sample(p, 1, params).result().sequences[0].tokens for p in prompts]
+    polls, waits = [], []
+    real_poll, real_wait = service.retrieve_futures, service.futures.wait
+
+    def poll(req):
+        polls.append(req.prev_cursor)
+        return real_poll(req)
+
+    async def wait(rid, timeout):
+        out = await real_wait(rid, timeout)
+        waits.append(out is not None)
+        return out
+
+    service.retrieve_futures, service.futures.wait = poll, wait
+    gate = threading.Event()
+    try:
+        service.futures.submit(lambda: gate.wait(30) and {})  # hold the worker
+        futures = [sampler.sample(p, 1, params) for p in prompts]
+        bad = sampler.sample(prompts[0], 1, types.SamplingParams(max_tokens=1000))
+        gate.set()
+        with pytest.raises(tinker.RequestFailedError, match="exceeds the model's context"):
+            bad.result()
+        got = [futures[1].result(), futures[0].result()]  # the last one first
+    finally:
+        del service.retrieve_futures, service.futures.wait
+    assert [g.sequences[0].tokens for g in got] == alone[::-1]
+    assert polls and waits and all(waits)  # polled, and every fetch found its result done

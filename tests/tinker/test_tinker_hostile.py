@@ -119,3 +119,41 @@ def test_zstd_body_and_large_batches_are_split(live, tokenizer):
     finally:
         del live.service.forward_backward
     assert len(out.loss_fn_outputs) == 400 and len(seen) >= 2 and sum(seen) == 400
+
+
+def test_retrieve_futures_refusals(live, tokenizer):
+    """/retrieve_futures: an unknown session or clone 404, a wrong body 400, too many
+    retrieved ids 400, another target's or unknown ids left alone; then still serving."""
+    from tinker import types
+
+    sampler = live.client().create_sampling_client(base_model="tiny").result()
+    prompt = types.ModelInput.from_ints(tokenizer.encode("What"))
+    params = types.SamplingParams(max_tokens=2, temperature=0.0)
+    sid = sampler._sampling_session_id
+    target = {"type": "sampling_session", "sampling_session_id": sid}
+    assert sampler.sample(prompt, 1, params).result().sequences  # the target exists now
+    limit = live.service.cfg.kept_results
+    cases = {
+        "unknown session": ({"target": {**target, "sampling_session_id": "nope"}}, 404,
+                            "no sampling session"),
+        "unknown clone": ({"target": {**target, "cloned_sampler_id": 7}, "timeout": 0}, 404,
+                          "clone 7"),
+        "no target": ({"prev_cursor": 0}, 400, "target"),
+        "extra field": ({"target": target, "bogus": 1}, 400, "bogus"),
+        "wrong type": ({"target": {**target, "type": "training_run"}}, 400, "target"),
+        "negative cursor": ({"target": target, "prev_cursor": -1}, 400, ">= 0"),
+        "negative timeout": ({"target": target, "timeout": -5}, 400, ">= 0"),
+        "ids not a list": ({"target": target, "retrieved_request_ids": "abc"}, 400,
+                           "retrieved_request_ids"),
+        "too many ids": ({"target": target, "retrieved_request_ids": ["x"] * (limit + 1)}, 400,
+                         "kept_results"),
+    }
+    for name, (body, status, text) in cases.items():
+        r = _post(live, "retrieve_futures", json=body)
+        assert r.status_code == status and text in r.json()["error"]["message"], (name, r.text)
+    r = _post(live, "retrieve_futures", content=b"[1, 2")
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = _post(live, "retrieve_futures", json={"target": target, "timeout": 0,
+                                              "retrieved_request_ids": ["nope", "x" * 500]})
+    assert r.status_code == 200 and isinstance(r.json()["cursor"], int)
+    assert sampler.sample(prompt, 1, params).result().sequences  # still serving

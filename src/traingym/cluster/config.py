@@ -37,7 +37,9 @@ class AsyncConfig(Strict):
 class ClusterConfig(Strict):
     """Where the engines, the trainer's ranks 1.. (trainer.data_parallel) and the sandbox
     workers run (cluster/): local processes, or actors on a Ray cluster (cluster/ray.py,
-    trainer/ray_ranks.py, cluster/ray_sandboxes.py; needs the `ray` extra and mode='async')."""
+    trainer/ray_ranks.py, cluster/ray_sandboxes.py; needs the `ray` extra and mode='async').
+    `traingym tinker` reads it too: with type='ray' its sampling engines are actors
+    (cluster/ray_sampler.py)."""
 
     type: Literal["local", "ray"] = Field("local", description="local: engine processes on "
                                           "this machine; ray: engine actors on a Ray cluster")

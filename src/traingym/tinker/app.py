@@ -95,6 +95,7 @@ def build_app(service: Service, api_key: str):
         service.futures.start(asyncio.get_running_loop())
         yield
         service.futures.stop()
+        service.engines.close()
 
     app = FastAPI(title="traingym tinker", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -134,7 +135,7 @@ def build_app(service: Service, api_key: str):
         await body(request, T.ClientConfigRequest)
         cfg = service.cfg  # the SDK splits forward_backward batches to fit these limits
         return {"pjwt_auth_enabled": False, "credential_default_source": "api_key",
-                "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": False,
+                "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": True,
                 "custom_loss_server_side": False, "sample_join_sampling_session": False,
                 "fwdbwd_max_chunk_len": min(1024, cfg.max_datums),
                 "fwdbwd_max_chunk_bytes_count": min(5_000_000, cfg.max_body_bytes // 2),
@@ -264,5 +265,19 @@ def build_app(service: Service, api_key: str):
         if outcome.proto is not None:
             return Response(outcome.proto, media_type="application/x-protobuf")
         return outcome.json
+
+    @app.post(v1 + "/retrieve_futures")
+    async def retrieve_futures(request: Request):
+        req = await body(request, T.FuturesRetrieveRequest)
+        target, timeout = service.retrieve_futures(req)
+        try:
+            done, cursor = await service.futures.completions(
+                target, req.prev_cursor, timeout, req.retrieved_request_ids)
+        except KeyError:
+            raise ApiError(404, f"no sample was sent to sampling session {target[0]!r} as "
+                           f"clone {target[1]}", "not_found") from None
+        return {"cursor": cursor, "completions": [
+            {"state": "failed" if out.error is not None else "finished", "request_id": rid}
+            for rid, out in done]}
 
     return app

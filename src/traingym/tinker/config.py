@@ -1,16 +1,23 @@
 """The `tinker` config section: what `traingym tinker` serves and the limits it keeps.
 
 Read from the CONFIG file's `[tinker]` table (TOML, YAML or JSON), or the whole file when it
-has no such table; command-line flags (--host, --port) override it.
+has no such table; command-line flags (--host, --port) override it. The file's `[cluster]` and
+`[weights]` tables (the run config's sections, cluster/config.py, weights/config.py) say where
+the sampling engines run: `cluster.type = "ray"` puts them in Ray actors, their weights sent
+over `weights.transport` (tcp) with `weights.codec`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
+
+from traingym.cluster.config import ClusterConfig
 
 from traingym.core.errors import Strict
+from traingym.weights import registry
+from traingym.weights.config import WeightsConfig
 
 
 class TinkerConfig(Strict):
@@ -48,3 +55,18 @@ class TinkerConfig(Strict):
                                      "its training clients and samplers are dropped")
     poll_s: float = Field(10.0, gt=0, description="how long retrieve_future waits for a "
                           "result before answering try_again")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="where the "
+                                   "sampling engines run: local (this process) or ray (one "
+                                   "actor per base model; the trainer stays here)")
+    weights: WeightsConfig = Field(default_factory=WeightsConfig, description="with "
+                                   "cluster.type='ray': how a sampling session's weights "
+                                   "reach its engine actor (transport 'tcp', as in a run)")
+
+    @model_validator(mode="after")
+    def _ray_transport(self) -> TinkerConfig:
+        if self.cluster.type == "ray" and not \
+                registry.get(self.weights.transport).abilities.crosses_nodes:
+            raise ValueError(f"cluster.type='ray': weights.transport={self.weights.transport!r}"
+                             f" does not reach other nodes; set weights.transport to one of "
+                             f"{registry.able('crosses_nodes')}")
+        return self

@@ -13,6 +13,11 @@ retrieve futures in any order and retrieve one again. An exception in the work f
 future only ('user' category for a `UserError`, else 'server'); the worker keeps serving.
 Sample requests of one sampling session that are queued together run as one batch
 (`submit_batched`): they have no order among them, and the engine decodes them at once.
+
+A batched request may name a `target` (a sampling session and its clone number): its id is
+then also logged, in finish order, in that target's completion log, which `completions`
+long-polls with a cursor (the SDK's /retrieve_futures session poller). A log keeps at most
+`kept` entries; the entries a poll acknowledges (cursor) are trimmed.
 """
 
 from __future__ import annotations
@@ -73,6 +78,10 @@ class Futures:
         self.lock = threading.Lock()
         self.count = itertools.count()
         self.thread: threading.Thread | None = None
+        self.target_of: dict[str, object] = {}  # request id -> its target (see completions)
+        self.logs: dict[object, deque[tuple[int, str]]] = {}  # target -> (cursor, id)
+        self.news: dict[object, asyncio.Event] = {}  # target -> set when its log grows
+        self.cursor = itertools.count(1)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -123,13 +132,18 @@ class Futures:
             if item.fn is not None:
                 self._put(item)
 
-    def submit_batched(self, key, payload, run_many: Callable[[list], list]) -> str:
+    def submit_batched(self, key, payload, run_many: Callable[[list], list],
+                       target=None) -> str:
         """Queue `payload`; when the worker reaches it, every queued payload with the same
         `key` (up to MAX_BATCH) runs in one `run_many(payloads)` call, which returns one result
         (or exception) per payload. For requests with no order among them (samples of one
         sampling session): running them together lets the engine decode them as one batch."""
         rid = uuid.uuid4().hex
         self.pending[rid] = asyncio.Event()
+        if target is not None:
+            with self.lock:
+                self.target_of[rid] = target
+                self.logs.setdefault(target, deque(maxlen=self.kept))
         self._put(_Queued(0, next(self.count), rid, run_many, key, payload))
         return rid
 
@@ -173,9 +187,58 @@ class Futures:
             while len(self.done) > self.kept:
                 old, _ = self.done.popitem(last=False)
                 self.pending.pop(old, None)
+                self.target_of.pop(old, None)
+            target = self.target_of.get(rid)
+            if target in self.logs:
+                self.logs[target].append((next(self.cursor), rid))
         event = self.pending.get(rid)
         if event is not None and self.loop is not None:
             self.loop.call_soon_threadsafe(event.set)
+            news = self.news.get(target)  # (the loop's thread may drop it meanwhile)
+            if news is not None:
+                self.loop.call_soon_threadsafe(news.set)
+
+    def drop_target(self, target) -> None:
+        """Forget a target's log (its sampling session ended); its results stay until
+        dropped as usual."""
+        with self.lock:
+            self.logs.pop(target, None)
+        event = self.news.pop(target, None)
+        if event is not None:
+            event.set()  # a poll waiting on it answers (with nothing)
+
+    async def completions(self, target, prev_cursor: int, timeout: float,
+                          retrieved: list[str] = ()) -> tuple[list[tuple[str, Outcome]], int]:
+        """Requests of `target` finished after `prev_cursor` (its entries up to it are
+        trimmed), waiting up to `timeout` s for the first, with the cursor to pass next.
+        `retrieved`: ids of this target whose results the client has, dropped now (ids that
+        are not this target's, not finished, or gone already, are left alone). KeyError: no
+        such target."""
+        def ready():
+            with self.lock:
+                log = self.logs[target]
+                while log and log[0][0] <= prev_cursor:
+                    log.popleft()
+                for rid in retrieved:  # finished ones only: a pending one is not retrieved
+                    if self.target_of.get(rid) == target and rid in self.done:
+                        self.target_of.pop(rid)
+                        self.done.pop(rid, None)
+                        self.pending.pop(rid, None)
+                return [(c, rid, self.done.get(rid)) for c, rid in log]
+
+        found = ready()
+        if not found and timeout > 0:
+            event = self.news.setdefault(target, asyncio.Event())
+            event.clear()
+            found = ready()
+            if not found:
+                try:
+                    await asyncio.wait_for(event.wait(), timeout)
+                except TimeoutError:
+                    pass
+                found = ready() if target in self.logs else []
+        cursor = max([c for c, _, _ in found], default=prev_cursor)
+        return [(rid, out) for _, rid, out in found if out is not None], cursor
 
     async def wait(self, rid: str, timeout: float) -> Outcome | None:
         """The outcome, or None when it is not ready within `timeout` s; KeyError: unknown."""

@@ -13,6 +13,9 @@ from traingym.tinker.sampling import Session, Weights, sample_many
 from traingym.tinker.wire import sample_response
 
 
+CLONE_IDS = 1_000_000_000  # the SDK's seq_id block per cloned SamplingClient
+
+
 class SamplerCalls:
 
     def save_for_sampler(self, req) -> str:
@@ -80,6 +83,22 @@ class SamplerCalls:
         s = self.samplers[sid]
         return {"sampler_id": sid, "base_model": s.base_name, "model_path": s.model_path}
 
+    def retrieve_futures(self, req) -> tuple:
+        """The target's (sampling session, clone) completions after req.prev_cursor, long
+        polled up to req.timeout (None: poll_s, capped at poll_s); see Futures.completions."""
+        t = req.target
+        if t.sampling_session_id not in self.samplers:
+            raise not_found("sampling session", t.sampling_session_id)
+        if t.cloned_sampler_id < 0 or req.prev_cursor < 0 or (req.timeout or 0) < 0:
+            raise ApiError(400, "retrieve_futures: cloned_sampler_id, prev_cursor and timeout "
+                           "must be >= 0", "invalid_request")
+        if len(req.retrieved_request_ids) > self.cfg.kept_results:
+            raise ApiError(400, f"retrieve_futures: {len(req.retrieved_request_ids)} "
+                           f"retrieved_request_ids; at most {self.cfg.kept_results} "
+                           "(kept_results)", "invalid_request")
+        timeout = self.cfg.poll_s if req.timeout is None else min(req.timeout, self.cfg.poll_s)
+        return (t.sampling_session_id, t.cloned_sampler_id), timeout
+
     def asample(self, req) -> dict:
         cfg = self.cfg
         if req.sampling_session_id is not None:
@@ -131,6 +150,7 @@ class SamplerCalls:
             return [r if isinstance(r, Exception) else sample_response(*r)
                     for r in sample_many(self.engines, session, jobs)]
 
-        rid = self.futures.submit_batched(("sample", session.sampler_id), job, run_many)
+        target = (session.sampler_id, (req.seq_id or 0) // CLONE_IDS)  # its poller's
+        rid = self.futures.submit_batched(("sample", session.sampler_id), job, run_many, target)
         return {"request_id": rid,
                 "sample_sequence_ids": [f"{rid}:{i}" for i in range(req.num_samples)]}

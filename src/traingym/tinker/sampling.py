@@ -8,6 +8,8 @@ through) when a request of another session was served last, so sessions on one b
 engine (and one extra copy of the base). A LoRA session keeps only a copy of its adapters; the
 merged layers exist while the engine serves them. A model with tied input / output embeddings
 is untied in the engine's copy, so an lm_head adapter (train_unembed) changes the head only.
+With `cluster.type = "ray"` (`RayEngines`) each base's engine is a Ray actor instead
+(cluster/ray_sampler.py), a session's weights published to it through weight sync.
 
 Sampling follows SamplingParams: max_tokens (None: the server's max_tokens, within the
 model's context), temperature (0: greedy), top_k (-1: none), top_p,
@@ -28,6 +30,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -98,12 +101,7 @@ class Engines:
         if name not in self.engines:
             ctx = EngineContext(engine="torch", model=name, dtype=self.dtype, seed=self.seed)
             engine, _ = build(ctx, model=session.base.model, tokenizer=session.base.tokenizer)
-            m = engine.model
-            head, emb = m.get_output_embeddings(), m.get_input_embeddings()
-            if head is not None and head.weight is emb.weight:  # untie: adapters on the head
-                head.weight = torch.nn.Parameter(head.weight.detach().clone(),
-                                                 requires_grad=False)
-                m.config.tie_word_embeddings = False
+            untie_head(engine)
             self.engines[name], self.holding[name], self.changed[name] = engine, None, set()
         engine = self.engines[name]
         held = (session.weights.uid, session.weights.version)
@@ -111,6 +109,15 @@ class Engines:
             self._swap(engine, name, session)
             self.holding[name] = held
         return engine
+
+    def generate(self, session: Session, requests: list[GenerationRequest]) -> list:
+        return self.engine_for(session).generate_sync(requests)
+
+    def prompt_logprobs(self, session: Session, prompt: list[int], last_n: int | None):
+        return prompt_logprobs(self.engine_for(session), prompt, last_n)
+
+    def close(self) -> None:
+        """Nothing to release: the engines are this process's memory."""
 
     def _swap(self, engine, name: str, session: Session) -> None:
         """Push what differs between the engine's current weights and `session`'s: the
@@ -126,6 +133,56 @@ class Engines:
         push.update({k: v for k, v in new.items() if not is_base(k, v) or k in changed})
         engine.update_weights(push, version=engine.version + 1)
         self.changed[name] = {k for k, v in new.items() if not is_base(k, v)}
+
+
+class RayEngines(Engines):
+    """`cluster.type = "ray"`: each base model's engine is a Ray actor (cluster/ray_sampler.py)
+    while the trainer stays in this process. A session's weights reach the actor through the
+    weight-sync publisher (tcp, hash-verified; with the delta codec only what differs from the
+    weights the actor holds crosses): the base's state with the session's tensors in place."""
+
+    def __init__(self, dtype: str, seed: int, cluster, weights, scratch: Path):
+        super().__init__(dtype, seed)
+        self.cluster, self.weights, self.scratch = cluster, weights, scratch
+
+    def engine_for(self, session: Session):
+        from traingym.cluster.ray_sampler import RaySampler  # heavy: ray
+
+        session.ready()
+        name = session.base.name
+        if name not in self.engines:
+            ctx = EngineContext(engine="torch", model=name, dtype=self.dtype, seed=self.seed)
+            self.engines[name] = RaySampler(ctx, self.cluster, self.weights,
+                                            self.scratch / str(len(self.engines)), untie_head)
+            self.holding[name] = None
+        sampler = self.engines[name]
+        held = (session.weights.uid, session.weights.version)
+        if self.holding[name] != held:
+            base_state = session.base.model.state_dict()
+            sampler.publish({**base_state, **session.weights.tensors(base_state)})
+            self.holding[name] = held
+        return sampler
+
+    def generate(self, session: Session, requests: list[GenerationRequest]) -> list:
+        return self.engine_for(session).generate(requests)
+
+    def prompt_logprobs(self, session: Session, prompt: list[int], last_n: int | None):
+        return self.engine_for(session).call(prompt_logprobs, prompt, last_n)
+
+    def close(self) -> None:
+        for sampler in reversed(list(self.engines.values())):  # the first joined Ray: last
+            sampler.close()
+        self.engines.clear()
+
+
+def untie_head(engine) -> None:
+    """A model with tied input / output embeddings gets its own head in the engine's copy, so
+    an lm_head adapter (train_unembed) changes the head only."""
+    m = engine.model
+    head, emb = m.get_output_embeddings(), m.get_input_embeddings()
+    if head is not None and head.weight is emb.weight:
+        head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)
+        m.config.tie_word_embeddings = False
 
 
 def stop_ids(stop, tokenizer) -> tuple[tuple[int, ...], list[str]]:
@@ -189,8 +246,7 @@ def sample_many(engines: Engines, session: Session, reqs: list[dict]) -> list:
             todo.append((i, *_request(session, req)))
         except UserError as e:
             out[i] = e
-    engine = engines.engine_for(session)
-    done = engine.generate_sync([gen for _, gen, _ in todo]) if todo else []
+    done = engines.generate(session, [gen for _, gen, _ in todo]) if todo else []
     for (i, _, strings), completions in zip(todo, done):
         sequences = []
         for c in completions:
@@ -202,8 +258,8 @@ def sample_many(engines: Engines, session: Session, reqs: list[dict]) -> list:
             sequences.append((reason, tokens, lps, top))
         prompt_lps = None
         if reqs[i].get("prompt_logprobs"):
-            prompt_lps = prompt_logprobs(engine, reqs[i]["prompt"],
-                                         reqs[i].get("prompt_logprobs_last_n"))
+            prompt_lps = engines.prompt_logprobs(session, reqs[i]["prompt"],
+                                                 reqs[i].get("prompt_logprobs_last_n"))
         out[i] = (sequences, prompt_lps)
     return out
 

@@ -34,7 +34,9 @@ def load_config(path: str | None, args=None):
         from traingym.config.load import load_file  # heavy: pydantic, torch (the sections)
 
         data = load_file(path)
-        data = data.get("tinker", data)
+        if "tinker" in data:  # beside it, the run config's sections the server reads
+            data = {**{k: data[k] for k in ("cluster", "weights") if k in data},
+                    **data["tinker"]}
     for flag in ("host", "port", "api_key_env", "runs_dir"):
         if args is not None and getattr(args, flag, None) is not None:
             data[flag] = getattr(args, flag)

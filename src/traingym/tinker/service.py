@@ -19,7 +19,7 @@ from traingym.tinker.config import TinkerConfig
 from traingym.tinker.errors import ApiError, not_found
 from traingym.tinker.futures import Futures, UserError
 from traingym.tinker.samplers import SamplerCalls
-from traingym.tinker.sampling import Engines, Session
+from traingym.tinker.sampling import Engines, RayEngines, Session
 from traingym.tinker.store import KINDS
 from traingym.tinker.training import Base, TrainingModel, load_base
 from traingym.tinker.wire import forward_backward_output
@@ -37,7 +37,11 @@ class Service(SamplerCalls):
         self.sessions: dict[str, dict] = {}
         self.models: dict[str, TrainingModel] = {}
         self.samplers: dict[str, Session] = {}
-        self.engines = Engines(cfg.engine_dtype, cfg.seed)
+        if cfg.cluster.type == "ray":
+            self.engines = RayEngines(cfg.engine_dtype, cfg.seed, cfg.cluster, cfg.weights,
+                                      self.root / "_weights-engines")
+        else:
+            self.engines = Engines(cfg.engine_dtype, cfg.seed)
 
     # -- sessions and capabilities --------------------------------------------------------
 
@@ -68,6 +72,8 @@ class Service(SamplerCalls):
             self.models.pop(mid, None)
         for key in [k for k in list(self.samplers) if k.startswith(f"{sid}:")]:
             self.samplers.pop(key, None)
+            for target in [t for t in list(self.futures.logs) if t[0] == key]:
+                self.futures.drop_target(target)
 
     def session(self, sid: str) -> dict:
         if sid not in self.sessions:
