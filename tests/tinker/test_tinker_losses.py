@@ -74,7 +74,10 @@ def test_loss_and_gradients_match_traingym(live, tokenizer, loss_fn):
     elementwise = sum(o["elementwise_loss"].to_numpy().sum() for o in out.loss_fn_outputs)
     assert elementwise == pytest.approx(loss.item(), rel=1e-5, abs=1e-5)
     for n, p in params.items():
-        torch.testing.assert_close(got[n], p.grad, rtol=1e-5, atol=1e-7, msg=n)
+        # the server scores shared prompts once with a KV cache: float rounding of its sums
+        # differs from one full row's, so the bound is relative to the tensor's scale
+        scale = float(p.grad.abs().max())
+        torch.testing.assert_close(got[n], p.grad, rtol=1e-5, atol=1e-6 * scale + 1e-9, msg=n)
         p.grad = None
     assert any(g.abs().sum() > 0 for g in got.values())
 
@@ -107,3 +110,57 @@ def test_a_request_split_into_passes_gives_the_same_gradient(live, tokenizer):
     assert loss_a == pytest.approx(loss_b, rel=1e-6)
     for n in grads_a:
         torch.testing.assert_close(grads_a[n], grads_b[n], rtol=1e-5, atol=1e-6)
+
+
+def test_shared_prompts_give_the_full_rows_result(live, tokenizer, monkeypatch):
+    """RL-shaped datums (advantages 0 on the prompt): those sharing a prompt run it once with a
+    KV cache and only their completions through the LM head; one whose targets are not its
+    input shifted runs as a full row. Log-probs, losses and gradients equal the full-row
+    forward of every datum (to fp32 rounding)."""
+    from traingym.tinker import training
+
+    prompt = tokenizer.encode("What is 3 + 4? The answer is")
+    other = tokenizer.encode("What is 9 + 9? The answer is")
+    rows = [prompt + tokenizer.encode(" 7."), prompt + tokenizer.encode(" 8, no"),
+            prompt + tokenizer.encode(" 7"), other + tokenizer.encode(" 18.")]
+    rng = np.random.default_rng(1)
+    data = []
+    for r in rows:
+        n, k = len(r) - 1, len((prompt if r[:len(prompt)] == prompt else other)) - 1
+        adv = np.zeros(n, np.float32)
+        adv[k:] = rng.normal(0, 1)
+        data.append(datum(r, logprobs=rng.normal(-2, 0.1, n).astype(np.float32).tolist(),
+                          advantages=adv.tolist()))
+    from tinker import types
+
+    odd = list(rows[0])
+    data.append(types.Datum(model_input=types.ModelInput.from_ints(odd[:-1]), loss_fn_inputs={
+        "target_tokens": odd[1:][::-1], "logprobs": [-1.0] * (len(odd) - 1),
+        "advantages": [0.5] * (len(odd) - 1)}))
+    groups, full = training.shared_prompts(
+        [(d.model_input.to_ints(), {k: v.to_numpy() if hasattr(v, "to_numpy") else v
+                                    for k, v in d.loss_fn_inputs.items()}) for d in data],
+        "importance_sampling")
+    assert [len(m) for _, m in groups] == [3, 1] and full == [4]
+    tc = live.client().create_lora_training_client(base_model="tiny", rank=4, seed=7).result()
+    m = live.service.models[tc.model_id]
+    params = {n: p for n, p in m.model.named_parameters() if p.requires_grad}
+    results = []
+    for split in (True, False):
+        if not split:
+            monkeypatch.setattr(training, "shared_prompts",
+                                lambda data, loss_fn: ([], list(range(len(data)))))
+        out = tc.forward_backward(data, "importance_sampling").result()
+        results.append((out, {n: p.grad.clone() for n, p in params.items()}))
+        for p in params.values():
+            p.grad = None
+    (a, grads_a), (b, grads_b) = results
+    assert a.metrics["loss:sum"] == pytest.approx(b.metrics["loss:sum"], rel=1e-5, abs=1e-6)
+    for oa, ob in zip(a.loss_fn_outputs, b.loss_fn_outputs):
+        np.testing.assert_allclose(oa["logprobs"].to_numpy(), ob["logprobs"].to_numpy(),
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(oa["elementwise_loss"].to_numpy(),
+                                   ob["elementwise_loss"].to_numpy(), rtol=1e-5, atol=1e-6)
+    for n in grads_a:
+        torch.testing.assert_close(grads_a[n], grads_b[n], rtol=1e-4, atol=1e-6, msg=n)
+    assert any(g.abs().sum() > 0 for g in grads_a.values())

@@ -18,6 +18,7 @@ runs the custom loss on the client and sends cross_entropy, which works.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from traingym.algorithms.losses import clipped_surrogate
@@ -62,6 +63,15 @@ def check(loss_fn: str, config: dict, inputs: list[dict], lengths: list[int]) ->
             if len(arr) != n:
                 raise UserError(f"datum {i}: loss_fn_inputs[{k!r}] has {len(arr)} values for "
                                 f"{n} input tokens (one per token)")
+
+
+def weights(loss_fn: str, inputs: dict) -> np.ndarray:
+    """Per token the factor its loss and gradient scale with (cross_entropy's weights, the RL
+    losses' advantages): where it is 0 the token's loss and gradient are 0 (finite log-probs)."""
+    name = "weights" if loss_fn == "cross_entropy" else "advantages"
+    if name not in inputs:
+        return np.ones(len(inputs["target_tokens"]), dtype=np.float32)
+    return np.asarray(inputs[name], dtype=np.float32)
 
 
 def elementwise(loss_fn: str, logp_T: torch.Tensor, inputs: dict[str, torch.Tensor],

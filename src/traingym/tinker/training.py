@@ -36,6 +36,7 @@ from traingym.models.scoring import token_logprobs
 from traingym.tinker import losses
 from traingym.tinker.futures import Lane, UserError
 from traingym.trainer.config import TrainerConfig
+from traingym.trainer.logprobs import completion_logprobs
 from traingym.trainer.optimizers import make_optimizer
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -84,6 +85,26 @@ def lora_targets(model, train_attn: bool, train_mlp: bool, train_unembed: bool) 
         raise UserError(f"the LoRA config selects no linear layer of this model (its linear "
                         f"layers: {sorted(linear)})")
     return targets
+
+
+def shared_prompts(data, loss_fn: str) -> tuple[list, list[int]]:
+    """Split datums into groups sharing a prompt and the rest (full rows): datum i is prompt
+    S[:k + 1] + completion S[k + 1:] (S its input followed by its last target) when its loss
+    weights are 0 before position k and not at k, and its targets are its input shifted by
+    one. Groups in order of first appearance: [(prompt, [(i, completion), ...]), ...]."""
+    groups: dict[tuple, list] = {}
+    rows = []
+    for i, (tokens, inputs) in enumerate(data):
+        tokens = [int(t) for t in tokens]
+        targets = [int(t) for t in np.asarray(inputs["target_tokens"]).tolist()]
+        active = np.flatnonzero(losses.weights(loss_fn, inputs))
+        if active.size == 0 or tokens[1:] != targets[:-1]:
+            rows.append(i)
+            continue
+        k = int(active[0])
+        seq = tokens + targets[-1:]
+        groups.setdefault(tuple(seq[:k + 1]), []).append((i, seq[k + 1:]))
+    return list(groups.items()), rows
 
 
 def passes(lengths: list[int], budget: int) -> list[list[int]]:
@@ -181,7 +202,16 @@ class TrainingModel:
 
     def forward_backward(self, req: dict) -> tuple[list[dict[str, np.ndarray]], dict]:
         """One forward (and backward unless forward_only) over the request's datums: per
-        datum its target logprobs and per-token loss; metrics {'loss:sum': the summed loss}."""
+        datum its target logprobs and per-token loss; metrics {'loss:sum': the summed loss}.
+
+        A datum whose loss weights (cross_entropy's `weights`, the RL losses' `advantages`)
+        are 0 up to position k, and whose targets are its input shifted by one, is a prompt
+        (its first k + 1 tokens) and a completion: datums with the same prompt run it once,
+        with a KV cache, and only completion positions go through the LM head with a graph
+        (trainer/logprobs.py completion_logprobs, as `traingym train` scores a group). The
+        prompt positions' log-probs (reported, never trained: their loss and gradient are 0)
+        come from one no-grad pass over the distinct prompts. Other datums run as full rows.
+        Gradients equal the full-row forward's to float rounding (tests/tinker)."""
         data, loss_fn, config = req["data"], req["loss_fn"], req["config"]
         vocab = self.model.get_input_embeddings().num_embeddings
         for i, (tokens, inputs) in enumerate(data):
@@ -190,37 +220,81 @@ class TrainingModel:
                     else []):
                 if arr.size and (arr.min() < 0 or arr.max() >= vocab):
                     raise UserError(f"datum {i}: {name} has token ids outside [0, {vocab})")
-        outputs, total = [], 0.0
-        for chunk in passes([len(t) for t, _ in data], self.pass_tokens):
-            part = [data[i] for i in chunk]
-            logp_B_T, lengths = self._target_logprobs(part, grad=not req["forward_only"])
+        grad = not req["forward_only"]
+        groups, rows = shared_prompts(data, loss_fn)
+        outputs: dict[int, dict[str, np.ndarray]] = {}
+        total = 0.0
+        for kind, part in self._passes(groups, rows, data):
+            with torch.set_grad_enabled(grad):
+                logps = (self._grouped_logprobs(part) if kind == "groups"
+                         else self._row_logprobs([data[i] for i in part]))
+            order = [i for _, members in part for i, _ in members] if kind == "groups" else part
             loss = None
-            for b, (tokens, inputs) in enumerate(part):
-                n = lengths[b]
+            for i, logp_T in zip(order, logps):
+                inputs = data[i][1]
                 tensors = {k: torch.as_tensor(np.array(v, dtype=np.float32))
                            for k, v in inputs.items() if k != "target_tokens"}
-                per_token = losses.elementwise(loss_fn, logp_B_T[b, :n], tensors, config)
+                per_token = losses.elementwise(loss_fn, logp_T, tensors, config)
                 loss = per_token.sum() if loss is None else loss + per_token.sum()
-                outputs.append({"logprobs": logp_B_T[b, :n].detach().numpy().astype(np.float32),
-                                "elementwise_loss": per_token.detach().numpy()
-                                .astype(np.float32)})
-            if not req["forward_only"]:
+                outputs[i] = {"logprobs": logp_T.detach().numpy().astype(np.float32),
+                              "elementwise_loss": per_token.detach().numpy().astype(np.float32)}
+            if grad and loss.requires_grad:
                 loss.backward()  # gradients add up over passes, as over requests
             total += float(loss.detach())
-        return outputs, {"loss:sum": total}
+        return [outputs[i] for i in range(len(data))], {"loss:sum": total}
 
-    def _target_logprobs(self, data, grad: bool) -> tuple[torch.Tensor, list[int]]:
-        """(B, T) log-probs of each datum's target_tokens, right-padded rows, fp32."""
+    def _passes(self, groups, rows, data):
+        """("groups", [(prompt, [(datum, completion), ...]), ...]) and ("rows", [datum, ...])
+        passes of at most `pass_tokens` padded tokens each (a longer one runs alone)."""
+        part, size = [], 0
+        for prompt, members in groups:
+            cost = len(members) * max(len(c) for _, c in members) + len(prompt)
+            if part and size + cost > self.pass_tokens:
+                yield "groups", part
+                part, size = [], 0
+            part.append((prompt, members))
+            size += cost
+        if part:
+            yield "groups", part
+        for chunk in passes([len(data[i][0]) for i in rows], self.pass_tokens):
+            if chunk:
+                yield "rows", [rows[j] for j in chunk]
+
+    def _grouped_logprobs(self, part) -> list[torch.Tensor]:
+        """Per member (prompt-major) its (N,) target log-probs: the prompt's inner positions
+        from a no-grad pass, the rest from completion_logprobs."""
         pad = self.base.tokenizer.pad_token_id or 0
-        rows = [tokens for tokens, _ in data]
-        targets = [np.asarray(inputs["target_tokens"]).tolist() for _, inputs in data]
-        ids_B_T, mask_B_T = right_pad(rows, pad)
+        prompts = [prompt for prompt, _ in part]
+        completions = [[c for _, c in members] for _, members in part]
+        scored = completion_logprobs(self.model, prompts, completions, 1.0, pad)
+        with torch.no_grad():
+            inner = self._row_logprobs([(p[:-1], {"target_tokens": p[1:]}) for p in prompts])
+        out, row = [], 0
+        for p, (_, members) in enumerate(part):
+            for _, completion in members:
+                tail = scored.logp_B_T[row, :len(completion)]
+                out.append(torch.cat([inner[p].detach(), tail]))
+                row += 1
+        return out
+
+    def _row_logprobs(self, data) -> list[torch.Tensor]:
+        """Per datum the (N,) log-probs of its target_tokens from a full-row forward, fp32 (a
+        datum of no tokens: an empty tensor)."""
+        pad = self.base.tokenizer.pad_token_id or 0
+        rows = [list(tokens) for tokens, _ in data]
+        keep = [i for i, r in enumerate(rows) if r]
+        out = [torch.zeros(0) for _ in rows]
+        if not keep:
+            return out
+        targets = [np.asarray(data[i][1]["target_tokens"]).tolist() for i in keep]
+        ids_B_T, mask_B_T = right_pad([rows[i] for i in keep], pad)
         tgt_B_T, _ = right_pad(targets, pad)
-        with torch.set_grad_enabled(grad):
-            logits = self.model(input_ids=ids_B_T, attention_mask=mask_B_T,
-                                use_cache=False).logits.float()
-            logp_B_T = token_logprobs(logits, tgt_B_T, 1.0)
-        return logp_B_T, [len(r) for r in rows]
+        logits = self.model(input_ids=ids_B_T, attention_mask=mask_B_T,
+                            use_cache=False).logits.float()
+        logp_B_T = token_logprobs(logits, tgt_B_T, 1.0)
+        for b, i in enumerate(keep):
+            out[i] = logp_B_T[b, :len(rows[i])]
+        return out
 
     def optim_step(self, params: dict) -> dict:
         lr = float(params.get("learning_rate", 1e-4))
