@@ -123,16 +123,22 @@ def test_shared_prompts_give_the_full_rows_result(live, tokenizer, monkeypatch):
     other = tokenizer.encode("What is 9 + 9? The answer is")
     rows = [prompt + tokenizer.encode(" 7."), prompt + tokenizer.encode(" 8, no"),
             prompt + tokenizer.encode(" 7"), other + tokenizer.encode(" 18.")]
+    from tinker import types
+
     rng = np.random.default_rng(1)
     data = []
-    for r in rows:
+    for j, r in enumerate(rows):
         n, k = len(r) - 1, len((prompt if r[:len(prompt)] == prompt else other)) - 1
         adv = np.zeros(n, np.float32)
         adv[k:] = rng.normal(0, 1)
-        data.append(datum(r, logprobs=rng.normal(-2, 0.1, n).astype(np.float32).tolist(),
-                          advantages=adv.tolist()))
-    from tinker import types
-
+        inputs = {"logprobs": rng.normal(-2, 0.1, n).astype(np.float32).tolist(),
+                  "advantages": adv.tolist()}
+        if j % 2 == 0:  # the cookbook's datums: target 0 before the completion
+            data.append(types.Datum(model_input=types.ModelInput.from_ints(r[:-1]),
+                                    loss_fn_inputs={"target_tokens": [0] * k + r[k + 1:],
+                                                    **inputs}))
+        else:
+            data.append(datum(r, **inputs))
     odd = list(rows[0])
     data.append(types.Datum(model_input=types.ModelInput.from_ints(odd[:-1]), loss_fn_inputs={
         "target_tokens": odd[1:][::-1], "logprobs": [-1.0] * (len(odd) - 1),

@@ -88,22 +88,23 @@ def lora_targets(model, train_attn: bool, train_mlp: bool, train_unembed: bool) 
 
 
 def shared_prompts(data, loss_fn: str) -> tuple[list, list[int]]:
-    """Split datums into groups sharing a prompt and the rest (full rows): datum i is prompt
-    S[:k + 1] + completion S[k + 1:] (S its input followed by its last target) when its loss
-    weights are 0 before position k and not at k, and its targets are its input shifted by
-    one. Groups in order of first appearance: [(prompt, [(i, completion), ...]), ...]."""
+    """Split datums into groups sharing a prompt and the rest (full rows). Datum i with input
+    x and targets y is prompt x[:k + 1] and completion y[k:] when its loss weights are 0
+    before position k and not at k, and from k on its targets are its input shifted by one
+    (x[k + 1:] == y[k:-1]); its targets before k (the cookbook sends 0s there) are only
+    scored. Groups in order of first appearance:
+    [(prompt, [(i, completion, y[:k]), ...]), ...]."""
     groups: dict[tuple, list] = {}
     rows = []
     for i, (tokens, inputs) in enumerate(data):
         tokens = [int(t) for t in tokens]
         targets = [int(t) for t in np.asarray(inputs["target_tokens"]).tolist()]
         active = np.flatnonzero(losses.weights(loss_fn, inputs))
-        if active.size == 0 or tokens[1:] != targets[:-1]:
+        k = int(active[0]) if active.size else -1
+        if k < 0 or tokens[k + 1:] != targets[k:-1]:
             rows.append(i)
             continue
-        k = int(active[0])
-        seq = tokens + targets[-1:]
-        groups.setdefault(tuple(seq[:k + 1]), []).append((i, seq[k + 1:]))
+        groups.setdefault(tuple(tokens[:k + 1]), []).append((i, targets[k:], targets[:k]))
     return list(groups.items()), rows
 
 
@@ -228,7 +229,7 @@ class TrainingModel:
             with torch.set_grad_enabled(grad):
                 logps = (self._grouped_logprobs(part) if kind == "groups"
                          else self._row_logprobs([data[i] for i in part]))
-            order = [i for _, members in part for i, _ in members] if kind == "groups" else part
+            order = [m[0] for _, members in part for m in members] if kind == "groups" else part
             loss = None
             for i, logp_T in zip(order, logps):
                 inputs = data[i][1]
@@ -248,7 +249,7 @@ class TrainingModel:
         passes of at most `pass_tokens` padded tokens each (a longer one runs alone)."""
         part, size = [], 0
         for prompt, members in groups:
-            cost = len(members) * max(len(c) for _, c in members) + len(prompt)
+            cost = len(members) * max(len(m[1]) for m in members) + len(prompt)
             if part and size + cost > self.pass_tokens:
                 yield "groups", part
                 part, size = [], 0
@@ -261,19 +262,26 @@ class TrainingModel:
                 yield "rows", [rows[j] for j in chunk]
 
     def _grouped_logprobs(self, part) -> list[torch.Tensor]:
-        """Per member (prompt-major) its (N,) target log-probs: the prompt's inner positions
-        from a no-grad pass, the rest from completion_logprobs."""
+        """Per member (prompt-major) its (N,) target log-probs: before k from a no-grad pass
+        over the distinct prompts, from k on from completion_logprobs."""
         pad = self.base.tokenizer.pad_token_id or 0
         prompts = [prompt for prompt, _ in part]
-        completions = [[c for _, c in members] for _, members in part]
+        completions = [[c for _, c, _ in members] for _, members in part]
         scored = completion_logprobs(self.model, prompts, completions, 1.0, pad)
+        inner = [list(p[:-1]) for p in prompts]
         with torch.no_grad():
-            inner = self._row_logprobs([(p[:-1], {"target_tokens": p[1:]}) for p in prompts])
+            if any(inner):
+                ids_P_L, mask_P_L = right_pad([r or [pad] for r in inner], pad)
+                logits_P_L_V = self.model(input_ids=ids_P_L, attention_mask=mask_P_L,
+                                          use_cache=False).logits.float()
         out, row = [], 0
         for p, (_, members) in enumerate(part):
-            for _, completion in members:
-                tail = scored.logp_B_T[row, :len(completion)]
-                out.append(torch.cat([inner[p].detach(), tail]))
+            for _, completion, before in members:
+                head = torch.zeros(0)
+                if before:
+                    head = token_logprobs(logits_P_L_V[p:p + 1, :len(before)],
+                                          torch.tensor([before]), 1.0)[0]
+                out.append(torch.cat([head, scored.logp_B_T[row, :len(completion)]]))
                 row += 1
         return out
 
