@@ -28,14 +28,30 @@ class Live:
         return tinker.ServiceClient(base_url=self.url, api_key=self.key)
 
 
+def serve(service, port: int):
+    """`service`'s app behind its key guard, served by uvicorn in a daemon thread on `port`;
+    returns (server, thread) once it answers. Stop: server.should_exit = True; thread.join()."""
+    import uvicorn
+
+    from traingym.tinker.app import Guard, build_app
+
+    app = Guard(build_app(service, KEY), KEY, service.cfg.max_body_bytes)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    return server, thread
+
+
 @pytest.fixture(scope="session")
 def live(tmp_path_factory):
     require("tinker", "the Tinker server tests drive it through the tinker SDK")
     require("peft", "LoRA training clients need peft")
-    import uvicorn
-
     from traingym.models.loader import tiny_model, tiny_tokenizer
-    from traingym.tinker.app import Guard, build_app
     from traingym.tinker.config import TinkerConfig
     from traingym.tinker.service import Service
 
@@ -48,15 +64,7 @@ def live(tmp_path_factory):
                        models=["tiny", str(folder)], poll_s=2.0, max_body_bytes=1 << 20,
                        max_training_clients=64)
     service = Service(cfg)
-    app = Guard(build_app(service, KEY), KEY, cfg.max_body_bytes)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
+    server, thread = serve(service, port)
     yield Live(service, f"http://127.0.0.1:{port}", str(folder))
     server.should_exit = True
     thread.join(10)

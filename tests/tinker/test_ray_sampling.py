@@ -12,13 +12,11 @@ Without ray installed this skips (and fails under CI, tests/prereq.py)."""
 import os
 import shutil
 import subprocess
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import KEY, Live, datum, free_port
+from conftest import Live, datum, free_port, serve
 from prereq import require
 from raynodes import _free_ports, _node_cmd, _stop, _wait_for
 
@@ -61,10 +59,8 @@ def test_config_file_sections_reach_the_server(tmp_path):
 
 @pytest.mark.slow  # 60-65 s here: the cluster's start (21 s) and stop (11 s) included
 def test_ray_sampler_serves_the_trained_weights(ray_head, tmp_path, tokenizer):
-    import uvicorn
     from tinker import types
 
-    from traingym.tinker.app import Guard, build_app
     from traingym.tinker.config import TinkerConfig
     from traingym.tinker.service import Service
 
@@ -73,15 +69,7 @@ def test_ray_sampler_serves_the_trained_weights(ray_head, tmp_path, tokenizer):
                        cluster={"type": "ray", "address": ray_head},
                        weights={"transport": "tcp", "codec": "delta"})
     service = Service(cfg)
-    server = uvicorn.Server(uvicorn.Config(Guard(build_app(service, KEY), KEY,
-                                                 cfg.max_body_bytes),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
+    server, thread = serve(service, port)
     try:
         sc = Live(service, f"http://127.0.0.1:{port}", "").client()
         tc = sc.create_lora_training_client(base_model="tiny", rank=4, seed=3).result()
