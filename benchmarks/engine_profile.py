@@ -1,6 +1,8 @@
-"""Time and profile one built-in engine call: 16 arith prompts x 64 greedy tokens, bf16.
+"""Time and profile one built-in engine call: --batch arith prompts (16) x --new-tokens (64),
+greedy or sampled (--temperature), in --dtype (bfloat16), one cell of engine_throughput.py's.
 
     python benchmarks/engine_profile.py [--plain-hf-forward] [--label L]
+    python benchmarks/engine_profile.py --dtype float32 --batch 64 --temperature 1 --label f32-64-t1
         # -> benchmarks/results/engine_profile/<date>-<commit>[-L].json
     python benchmarks/engine_profile.py --out /tmp/engine_profile.json    # a check, not a result
 
@@ -27,28 +29,41 @@ from traingym.core.types import GenerationRequest, SamplingParams
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--plain-hf-forward", action="store_true", help="engine without the fused path")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    ap.add_argument("--batch", type=int, default=16, help="prompts per call (heldout arith)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    ap.add_argument("--new-tokens", type=int, default=64)
     resultfile.add_args(ap)
     args = ap.parse_args()
     rec = resultfile.start("engine_profile", args)
     torch.set_num_threads(2)
     folder = embedded_model_dir()
     tok = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     engine = TorchEngine(model, tok.pad_token_id, fused=not args.plain_hf_forward)
-    prompts = [PromptRenderer(tok).ids(r) for r in builtin_task("arith").heldout[:16]]
-    reqs = [GenerationRequest(p, 1, SamplingParams(0, max_new_tokens=64), i) for i, p in enumerate(prompts)]
+    rows = builtin_task("arith").heldout[:args.batch]
+    if len(rows) < args.batch:
+        raise SystemExit(f"--batch {args.batch}: the held-out split has {len(rows)} prompts")
+    prompts = [PromptRenderer(tok).ids(r) for r in rows]
+    params = SamplingParams(temperature=args.temperature, max_new_tokens=args.new_tokens)
+    reqs = [GenerationRequest(p, 1, params, i) for i, p in enumerate(prompts)]
     engine.generate_sync(reqs)  # warm-up
     t0 = time.perf_counter()
     engine.generate_sync(reqs)
     one_call_s = time.perf_counter() - t0
-    print(f"one call, 16 x 64 greedy tokens: {one_call_s:.2f} s")
+    tokens = args.batch * args.new_tokens
+    print(f"one call, {args.batch} x {args.new_tokens} tokens, {args.dtype}, T={args.temperature}:"
+          f" {one_call_s:.2f} s, {tokens / one_call_s:.1f} tok/s")
     with torch.profiler.profile() as prof:
         engine.generate_sync(reqs)
     ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:25]
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
     rec.write({
         "fused": not args.plain_hf_forward, "threads": 2, "torch": torch.__version__,
-        "one_call_s": one_call_s,
+        "dtype": args.dtype, "batch": args.batch, "temperature": args.temperature,
+        "new_tokens": args.new_tokens, "one_call_s": one_call_s,
+        "tokens_per_s": tokens / one_call_s,
         "top_ops_self_cpu": [{"name": e.key, "self_cpu_s": e.self_cpu_time_total / 1e6,
                               "calls": e.count} for e in ops]})
 
