@@ -18,6 +18,7 @@ Not compared: prompts of other lengths, vLLM's server mode (HTTP), continuous ba
 requests that arrive over time.
 
     python benchmarks/engine_throughput.py --repeats 3   # -> benchmarks/results/engine_throughput/
+    python benchmarks/engine_throughput.py --repeats 3 --no-hf   # the built-in engine vs vLLM only
     python benchmarks/engine_throughput.py --repeats 1 --new-tokens 8 --batches 16 \
         --dtypes float32 --no-vllm --out /tmp/engine_throughput_smoke.json   # smoke
 """
@@ -110,17 +111,17 @@ def start_vllm(folder, tok, dtype, threads):
     return engine, time.perf_counter() - t0
 
 
-def one_batch(folder, tok, prompts, dtypes, engines, sample, new, repeats) -> dict:
+def one_batch(folder, tok, prompts, dtypes, engines, sample, new, repeats, hf=True) -> dict:
     settings, hf_names = {}, []
     for dtype in dtypes:
         d = str(dtype).split(".")[1]
-        for attn in ("sdpa", "eager"):
+        for attn in ("sdpa", "eager") if hf else ():
             for cache in ("dynamic", "static"):
                 name = f"hf_generate {d} {attn} {cache}"
                 settings[name] = hf_setting(folder, prompts, tok, dtype, attn, cache, sample, new)
                 hf_names.append(name)
         settings[f"traingym {d}"] = engine_setting(folder, prompts, dtype, sample, new)
-        if dtype == torch.bfloat16:
+        if dtype == torch.bfloat16 and hf:
             settings[f"traingym {d} (hf forward)"] = engine_setting(
                 folder, prompts, dtype, sample, new, fused=False)
         if d in engines:
@@ -128,17 +129,23 @@ def one_batch(folder, tok, prompts, dtypes, engines, sample, new, repeats) -> di
     seconds, warmup = interleaved(settings, repeats)
     tokens = len(prompts) * new
     rows = {name: tokens / s for name, s in seconds.items()}
-    best_hf = max((rows[k], k) for k in hf_names)  # the fastest of all HF settings
     best_tg = max((v, k) for k, v in rows.items() if k.startswith("traingym")
                   and "hf forward" not in k)
     out = {"tokens_per_s": rows, "warmup_s": warmup, "hf_settings": hf_names,
-           "best_hf": best_hf[1],
-           "best_hf_is": f"the fastest of all {len(hf_names)} HF settings, this run",
-           "best_traingym": best_tg[1], "ratio": best_tg[0] / best_hf[0]}
+           "best_traingym": best_tg[1]}
+    if hf_names:
+        best_hf = max((rows[k], k) for k in hf_names)  # the fastest of all HF settings
+        out.update(best_hf=best_hf[1], ratio=best_tg[0] / best_hf[0],
+                   best_hf_is=f"the fastest of all {len(hf_names)} HF settings, this run")
     vllm = [(v, k) for k, v in rows.items() if k.startswith("vllm")]
     if vllm:
         out["best_vllm"] = max(vllm)[1]
         out["vllm_vs_traingym"] = max(vllm)[0] / best_tg[0]
+        # per dtype, the issue's cells: the built-in engine's speed over vLLM's (>= 1: as fast)
+        out["traingym_over_vllm"] = {
+            str(d).split(".")[1]: rows[f"traingym {str(d).split('.')[1]}"]
+            / rows[f"vllm {str(d).split('.')[1]}"] for d in dtypes
+            if f"vllm {str(d).split('.')[1]}" in rows}
     return out
 
 
@@ -149,6 +156,7 @@ def main():
     ap.add_argument("--batches", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=["float32", "bfloat16"])
     ap.add_argument("--no-vllm", action="store_true", help="time HF and traingym only")
+    ap.add_argument("--no-hf", action="store_true", help="time traingym and vLLM only")
     ap.add_argument("--new-tokens", type=int, default=64, help="per row (64 for the figures; "
                     "fewer only for a smoke run)")
     resultfile.add_args(ap)
@@ -178,15 +186,18 @@ def main():
             assert len(prompts) == batch, f"only {len(prompts)} held-out prompts"
             for sample in (False, True):
                 mode = "sampled" if sample else "greedy"
-                r = one_batch(folder, tok, prompts, dtypes, engines, sample, new, args.repeats)
+                r = one_batch(folder, tok, prompts, dtypes, engines, sample, new, args.repeats,
+                              hf=not args.no_hf)
                 results.setdefault(f"batch_{batch}", {})[mode] = r
                 print(f"\n{mode}: batch {batch}, {new} new tokens, {args.threads} threads, "
                       f"load {os.getloadavg()[0]:.2f}")
                 for k, v in sorted(r["tokens_per_s"].items(), key=lambda kv: -kv[1]):
                     print(f"  {k:40s} {v:7.1f} tok/s   (warm-up call {r['warmup_s'][k]:.1f} s)")
-                print(f"  ratio {r['best_traingym']} / {r['best_hf']}: {r['ratio']:.2f}x"
-                      + (f"; {r['best_vllm']} / {r['best_traingym']}: "
-                         f"{r['vllm_vs_traingym']:.2f}x" if "best_vllm" in r else ""),
+                print((f"  ratio {r['best_traingym']} / {r['best_hf']}: {r['ratio']:.2f}x; "
+                       if "best_hf" in r else "  ")
+                      + (f"{r['best_vllm']} / {r['best_traingym']}: "
+                         f"{r['vllm_vs_traingym']:.2f}x; traingym / vllm per dtype "
+                         f"{r['traingym_over_vllm']}" if "best_vllm" in r else ""),
                       flush=True)
     finally:
         for engine in engines.values():
@@ -195,7 +206,7 @@ def main():
     results["machine"] = {"cpu": platform.processor() or platform.machine(),
                           "threads": args.threads, "torch": torch.__version__}
     results["args"] = {"repeats": args.repeats, "batches": args.batches, "new_tokens": new,
-                       "dtypes": args.dtypes}
+                       "dtypes": args.dtypes, "hf": not args.no_hf}
     rec.write(results)
 
 
