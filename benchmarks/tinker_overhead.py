@@ -346,7 +346,7 @@ def main() -> int:
         client_main(json.loads(sys.argv[2]))
         return 0
     import resultfile
-    from tinker_rl import client_versions
+    from tinker_rl import client_interpreter, client_versions
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="embedded", help="'embedded' (SmolLM2-135M) or 'tiny'")
@@ -381,9 +381,7 @@ def main() -> int:
     resultfile.add_args(p)
     a = p.parse_args()
     rec = resultfile.start("tinker_overhead", a)
-    client = a.client_python or str(ROOT / ".venv-tinker" / "bin" / "python")
-    if not Path(client).is_file():
-        client = sys.executable
+    client = client_interpreter(a.client_python)
     rounds = []
     with tempfile.TemporaryDirectory(prefix="tinker_overhead_") as tmp:
         tmp = Path(tmp)

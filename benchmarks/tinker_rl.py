@@ -62,6 +62,12 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 1
         time.sleep(0.3)
 
 
+def client_interpreter(chosen: str | None) -> str:
+    """--client-python, else .venv-tinker's interpreter where it exists, else this one."""
+    client = chosen or str(ROOT / ".venv-tinker" / "bin" / "python")
+    return client if Path(client).is_file() else sys.executable
+
+
 def client_versions(python: str) -> dict:
     """The client environment's tinker, transformers and torch versions (from its metadata)."""
     code = ("import json; from importlib import metadata as m; print(json.dumps({n: m.version(n) "
@@ -100,9 +106,7 @@ def main() -> int:
     resultfile.add_args(p)
     a = p.parse_args()
     rec = resultfile.start("tinker_rl", a)
-    client = a.client_python or str(ROOT / ".venv-tinker" / "bin" / "python")
-    if not Path(client).is_file():
-        client = sys.executable
+    client = client_interpreter(a.client_python)
     key = "tml-bench-" + os.urandom(12).hex()
     with tempfile.TemporaryDirectory(prefix="tinker_rl_") as tmp:
         tmp = Path(tmp)
