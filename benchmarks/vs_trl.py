@@ -12,7 +12,10 @@ template plus the pre-fill "The answer is", rendered by traingym's PromptRendere
 TRL as plain text, which TRL tokenizes without re-applying a template; checked below), the
 exact-answer reward (first integer equals the answer), 16 prompts x 4 completions per step,
 temperature 1.0, exactly 8 new tokens per completion, one AdamW step per 64 completions at a
-constant lr 1e-5 (betas 0.9/0.99, no weight decay, grad-norm clip 1.0), PPO clip 0.2/0.28,
+constant lr 1e-5 (betas 0.9/0.99, no weight decay, grad-norm clip 1.0), all 64 completions in
+one forward/backward pass (TRL: per_device_train_batch_size 64, no gradient accumulation;
+traingym: trainer.micro_batch_groups 16, since 12-06: before, traingym ran 4 passes of 4
+groups, its default), PPO clip 0.2/0.28,
 token-level loss averaging, no std-scaling of advantages, no KL, bf16 autocast over fp32
 master weights, 2 torch threads, the same number of steps. A step is generation + reward +
 training + weight sync (traingym: rollout + train + sync from its events.jsonl, checkpoint
@@ -86,7 +89,7 @@ def run_traingym(a, work: Path) -> dict:
         "rollout": {"prompts_per_step": PROMPTS, "group_size": GROUP, "temperature": TEMP,
                     "max_new_tokens": NEW_TOKENS, "ignore_eos": True},
         "trainer": {"lr": LR, "betas": [0.9, 0.99], "weight_decay": 0.0, "grad_clip": 1.0,
-                    "bf16_autocast": True},
+                    "bf16_autocast": True, "micro_batch_groups": PROMPTS},
         "algorithm": {"name": "vs_trl:GRPOAllGroups" if a.no_drop else "grpo",
                       "clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0,
                       "normalize_std": False},

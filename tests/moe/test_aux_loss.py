@@ -125,7 +125,10 @@ def test_added_term_is_transformers_aux_loss_over_the_trained_positions(family):
         if p.grad is None or not p.grad.abs().max() > 0:
             assert n not in grads or not grads[n].abs().max() > 0, n
             continue
-        torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-7, msg=n)
+        # fp32 rounding of two attention kernels' sums (the trainer runs short rows on SDPA's
+        # math kernel, the reference HF forward torch's choice): bounded by the tensor's scale
+        scale = float(p.grad.abs().max())
+        torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=4e-6 * scale, msg=n)
         compared += 1
     assert compared >= 10  # the routers and everything below them
     # the trainer's own mask counts the same positions: a mask of all real tokens differs

@@ -57,3 +57,35 @@ def test_the_lm_head_never_sees_a_strided_slice():
     row_logits(model, [p for p, g in zip(prompts, completions) for _ in g],
                [c for g in completions for c in g], tok.pad_token_id)
     assert len(seen) == 3 and all(seen)
+
+
+def test_short_rows_run_the_math_attention_kernel_and_long_rows_torchs_choice(monkeypatch):
+    """On a CPU the trainer's passes over rows of at most MATH_ATTENTION_TOKENS tokens run
+    SDPA's math kernel (models/scoring.py short_rows_attention; flash costs ~3x there, measured
+    by benchmarks/attention_kernels.py); longer rows keep torch's own choice. Seen from the
+    kernels' flags at every attention call, and the log-probs stay those of full rows."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from traingym.models import scoring
+
+    tok = tiny_tokenizer()
+    model = tiny_model(tok, seed=3)
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(torch.backends.cuda.flash_sdp_enabled())  # the flags are device-agnostic
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    prompts, completions = [(5, 6, 7, 8, 9), (10, 11)], [[[20, 21, 22], [23]], [[26, 27]]]
+    short = completion_logprobs(model, prompts, completions, 1.0, tok.pad_token_id)
+    assert seen and not any(seen)  # the math kernel only
+    seen.clear()
+    monkeypatch.setattr(scoring, "MATH_ATTENTION_TOKENS", 4)  # these rows are now "long"
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        long = completion_logprobs(model, prompts, completions, 1.0, tok.pad_token_id)
+    assert seen and all(seen)
+    assert torch.allclose(short.logp_B_T, long.logp_B_T, atol=1e-5)
+    assert torch.allclose(short.logp_B_T, _naive(model, prompts, completions, 1.0,
+                                                 tok.pad_token_id), atol=1e-5)

@@ -8,7 +8,7 @@ log softmax(logits / T) at the given tokens as gather(z) - logsumexp(z), z = log
 fp32, without materialising the (B, C, V) log-softmax. Temperature: T <= 0 (greedy) means
 softmax(logits), as the engines' sampling log-probs. `contiguous_head_input` wraps every
 forward that passes `logits_to_keep`: row_logits, the trainer's prompt pass, the engine's
-unfused prefill.
+unfused prefill. `short_rows_attention` picks the attention kernel of the trainer's passes.
 """
 
 from __future__ import annotations
@@ -18,6 +18,27 @@ import contextlib
 import torch
 
 from traingym.core.padding import left_pad, right_pad
+
+
+MATH_ATTENTION_TOKENS = 128
+
+
+def short_rows_attention(model, tokens: int):
+    """On a CPU, a pass whose rows hold at most MATH_ATTENTION_TOKENS tokens (prompt plus
+    completion) runs scaled-dot-product attention on torch's math kernel instead of its CPU
+    flash kernel: on such short rows the flash kernel's forward plus backward takes about 3x
+    as long, and from about 256 tokens on the math kernel (which holds the whole (T, T)
+    attention matrix, in fp32) loses (benchmarks/attention_kernels.py). The math kernel
+    computes bf16 inputs in fp32. Elsewhere, and under gradient checkpointing (whose
+    recompute runs in the backward pass, outside this block, so it would pick another kernel
+    than the forward did): torch's own choice."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    inner = getattr(model, "module", model)
+    if (next(inner.parameters()).device.type != "cpu" or tokens > MATH_ATTENTION_TOKENS
+            or getattr(inner, "is_gradient_checkpointing", False)):
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.MATH])
 
 
 @contextlib.contextmanager
@@ -46,7 +67,7 @@ def row_logits(model, prompts, completions, pad_token_id: int):
     ids_B_L, pmask_B_L = left_pad(prompts, pad_token_id, device)
     comp_B_C, cmask_B_C = right_pad(completions, pad_token_id, device)
     attn_B_S = torch.cat([pmask_B_L, cmask_B_C], dim=1)
-    with contiguous_head_input(model):
+    with contiguous_head_input(model), short_rows_attention(model, attn_B_S.shape[1]):
         logits_B_C_V = model(
             input_ids=torch.cat([ids_B_L, comp_B_C], dim=1), attention_mask=attn_B_S,
             position_ids=(attn_B_S.cumsum(-1) - 1).clamp(min=0), use_cache=False,

@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from traingym.core.padding import left_pad, repeat_cache_rows, right_pad
-from traingym.models.scoring import contiguous_head_input
+from traingym.models.scoring import contiguous_head_input, scaled, short_rows_attention
 
 
 @dataclass
@@ -68,37 +68,39 @@ def completion_logprobs(
         out.hidden_B_T_H = torch.cat(parts, dim=1)
         return out
     device = next(model.parameters()).device
+    flat = [c for group in completions for c in group]
+    if any(len(c) == 0 for c in flat):
+        raise ValueError("completion_logprobs: every completion needs at least one token")
     ids_P_L, mask_P_L = left_pad(prompts, pad_token_id, device)
+    comp_B_C, cmask_B_C = right_pad(flat, pad_token_id, device)
+    row_tokens = ids_P_L.shape[1] + comp_B_C.shape[1]  # picks the attention kernel
     pos_P_L = (mask_P_L.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
-    with contiguous_head_input(model):  # models/scoring.py: else B copies of the head
+    with contiguous_head_input(model), short_rows_attention(model, row_tokens):
         first_P_V = model(
             input_ids=ids_P_L, attention_mask=mask_P_L, position_ids=pos_P_L,
             cache=cache, use_cache=True, logits_to_keep=1,
         ).logits[:, -1]
     ns = torch.tensor([len(c) for c in completions], device=device)
-    flat = [c for group in completions for c in group]
-    if any(len(c) == 0 for c in flat):
-        raise ValueError("completion_logprobs: every completion needs at least one token")
-    comp_B_C, cmask_B_C = right_pad(flat, pad_token_id, device)
     logits_B_1_V = first_P_V.repeat_interleave(ns, dim=0)[:, None]
     if comp_B_C.shape[1] > 1:
         repeat_cache_rows(cache, ns)
         mask_B_L = mask_P_L.repeat_interleave(ns, dim=0)
         start_B_1 = pos_P_L[:, -1:].repeat_interleave(ns, dim=0) + 1
         steps = torch.arange(comp_B_C.shape[1] - 1, device=device)[None]
-        rest_B_Cm1_V = model(
-            input_ids=comp_B_C[:, :-1],
-            attention_mask=torch.cat([mask_B_L, cmask_B_C[:, :-1]], dim=1),
-            position_ids=start_B_1 + steps,
-            cache=cache, use_cache=True,
-        ).logits
+        with short_rows_attention(model, row_tokens):
+            rest_B_Cm1_V = model(
+                input_ids=comp_B_C[:, :-1],
+                attention_mask=torch.cat([mask_B_L, cmask_B_C[:, :-1]], dim=1),
+                position_ids=start_B_1 + steps,
+                cache=cache, use_cache=True,
+            ).logits
         logits_B_C_V = torch.cat([logits_B_1_V, rest_B_Cm1_V], dim=1)
     else:
         logits_B_C_V = logits_B_1_V
     if logits_B_C_V.dtype in (torch.bfloat16, torch.float16):
         logits_B_C_V = logits_B_C_V.float()
-    logits_B_C_V = logits_B_C_V / (temperature if temperature > 0 else 1.0)
+    logits_B_C_V = scaled(logits_B_C_V, temperature)  # T = 1: no division, same bits
     logsm_B_C_V = logits_B_C_V.log_softmax(-1)
     logp_B_C = logsm_B_C_V.gather(-1, comp_B_C[..., None])[..., 0]
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
