@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from traingym.weights import entropy, tiered
-from traingym.weights.base import IntegrityError, Payload
+from traingym.weights.base import CastView, IntegrityError, Payload
 from traingym.weights.codecs import DeltaCodec, FullCodec, apply
 from traingym.weights.extract import changed_positions, changes
 from traingym.weights.frame import from_buffer, seal, to_bytes, verify_body
-from traingym.weights.hashing import bits, state_hash
+from traingym.weights.hashing import bits, raw_state_hash, state_hash
 
 torch.set_num_threads(1)
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -93,6 +93,32 @@ def test_full_round_trip_is_bit_exact(pair):
     payload = from_buffer(to_bytes(seal(FullCodec().encode(None, new))))
     assert _same_bits(FullCodec().decode(None, payload), new)
     assert state_hash(FullCodec().decode(None, payload)) == state_hash(new)
+
+
+def test_full_payload_state_hash_and_cast_copies():
+    """The full codec copies the state's own tensors (a later step must not change the
+    payload) but not a CastView's fresh casts, and its payload's state hash
+    (raw_state_hash, what the publisher names an anchor by) is state_hash of what it holds."""
+    g = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(64, 33, generator=g), "b": torch.randn(7, generator=g),
+             "h": torch.randn(5, generator=g).bfloat16(), "s": torch.tensor(3.5)}
+    view = CastView(state, torch.bfloat16)
+    payload = FullCodec().encode(None, view)
+    cast = {k: v.to(torch.bfloat16) for k, v in state.items()}
+    assert raw_state_hash(payload.header.tensors, payload.buffers) == state_hash(cast)
+    before = {k: v.clone() for k, v in state.items()}
+    for t in state.values():  # the trainer's next step: no payload byte may follow it
+        t.add_(1)
+    assert _same_bits(FullCodec().decode(None, payload), {k: v.to(torch.bfloat16)
+                                                         for k, v in before.items()})
+    live = FullCodec().encode(None, state)  # no cast: copies, so later writes stay out
+    want = state_hash(state)
+    for t in state.values():
+        t.add_(1)
+    assert raw_state_hash(live.header.tensors, live.buffers) == want
+    delta = DeltaCodec().encode(cast, {k: v.to(torch.bfloat16) for k, v in state.items()})
+    with pytest.raises(ValueError, match="not whole raw"):
+        raw_state_hash(delta.header.tensors, delta.buffers)
 
 
 def test_many_tensors_and_other_dtypes():

@@ -35,8 +35,12 @@ def short_rows_attention(model, tokens: int):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     inner = getattr(model, "module", model)
+    checkpointing = getattr(inner, "is_activation_checkpointing",  # transformers >= 5.2x
+                            None)
+    if checkpointing is None:
+        checkpointing = getattr(inner, "is_gradient_checkpointing", False)
     if (next(inner.parameters()).device.type != "cpu" or tokens > MATH_ATTENTION_TOKENS
-            or getattr(inner, "is_gradient_checkpointing", False)):
+            or checkpointing):
         return contextlib.nullcontext()
     return sdpa_kernel([SDPBackend.MATH])
 

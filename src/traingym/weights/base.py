@@ -32,6 +32,12 @@ class CastView(Mapping):
         t = self.state[name].detach()
         return t.to(self.dtype) if self.dtype is not None else t
 
+    def made(self, name: str, t: torch.Tensor) -> bool:
+        """Whether `t`, read here as `name`, is a cast this view made (a new tensor nothing else
+        holds), not the state's own tensor (a cast to the dtype it already has)."""
+        own = self.state[name].untyped_storage().data_ptr()
+        return self.dtype is not None and t.untyped_storage().data_ptr() != own
+
     def __iter__(self):
         return iter(self.state)
 

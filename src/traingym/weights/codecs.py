@@ -27,6 +27,7 @@ import zstandard
 from traingym.weights import entropy, lthash, native, tiered
 from traingym.weights.base import (
     BaseMismatch,
+    CastView,
     Changed,
     IntegrityError,
     Payload,
@@ -74,7 +75,9 @@ class _Builder:
 
 
 class FullCodec:
-    """Every tensor's bytes, copied (the payload must outlive later changes to the state)."""
+    """Every tensor's bytes, copied (the payload must outlive later changes to the state),
+    except a cast a CastView made for this read, which nothing else holds. Its payload's
+    state hash can be read from the payload (hashing.raw_state_hash), not the state again."""
 
     type = "full"
     delta = False  # whole states: an anchor needs no base
@@ -82,7 +85,9 @@ class FullCodec:
     def encode(self, old: State | None, new: State) -> Payload:
         out = _Builder()
         for name in sorted(new):
-            out.add(name, new[name], "raw", [bits(new[name]).copy()])
+            t = new[name]
+            fresh = isinstance(new, CastView) and new.made(name, t)
+            out.add(name, t, "raw", [bits(t) if fresh else bits(t).copy()])
         return out.payload("full")
 
     def decode(self, old: State | None, payload: Payload) -> State:

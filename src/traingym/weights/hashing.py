@@ -36,12 +36,29 @@ def bits(t: torch.Tensor) -> np.ndarray:
     return t.reshape(-1).view(tdt).numpy().view(ndt)
 
 
+def _tensor_head(name: str, dtype: str, shape: tuple[int, ...]) -> bytes:
+    return f"{name}|{dtype}|{tuple(shape)}|".encode()
+
+
 def state_hash(state: dict[str, torch.Tensor]) -> str:
     h = xxhash.xxh3_128()
     for name in sorted(state):
         t = state[name]
-        h.update(f"{name}|{dtype_name(t.dtype)}|{tuple(t.shape)}|".encode())
+        h.update(_tensor_head(name, dtype_name(t.dtype), tuple(t.shape)))
         h.update(bits(t).data)
+    return h.hexdigest()
+
+
+def raw_state_hash(entries, buffers) -> str:
+    """state_hash of the state a payload of "raw" entries holds whole (the full codec's: each
+    tensor's bits in its buffers), read from those bytes instead of the state."""
+    h = xxhash.xxh3_128()
+    for e in sorted(entries, key=lambda e: e.name):
+        if e.method != "raw" or e.span:
+            raise ValueError(f"raw_state_hash: {e.name} is coded {e.method!r}, not whole raw")
+        h.update(_tensor_head(e.name, e.dtype, e.shape))
+        for i in e.buffers:
+            h.update(buffers[i])
     return h.hexdigest()
 
 

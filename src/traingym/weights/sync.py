@@ -38,9 +38,9 @@ from traingym.weights.base import (
     TransportTimeout,
 )
 from traingym.weights.changes import Changes
-from traingym.weights.codecs import apply_changes
+from traingym.weights.codecs import FullCodec, apply_changes
 from traingym.weights.frame import seal, verify_body
-from traingym.weights.hashing import state_hash
+from traingym.weights.hashing import raw_state_hash, state_hash
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ class Publisher:
                 self._shared = False
                 wire = state if cast is None else self._cast_anchor(state, cast, reason)
             payload = self.full.encode(None, wire)
-            target_hash = state_hash(wire)
+            target_hash = self._anchor_state_hash(payload, wire)
         else:
             self._sum = self._sum + changes.sum
             self._since_anchor += payload.nbytes
@@ -211,6 +211,14 @@ class Publisher:
         return PublishStats(version, header.codec, payload.nbytes, full_bytes, changed,
                             encode_s, send_s, reason, phases)
 
+    def _anchor_state_hash(self, payload: Payload, state: State) -> str:
+        """state_hash of what an anchor holds: from the built-in full codec's payload (the
+        bytes it just read, so no second pass over the state, nor a second cast of it), else
+        from the state."""
+        if isinstance(self.full, FullCodec):
+            return raw_state_hash(payload.header.tensors, payload.buffers)
+        return state_hash(state)
+
     @property
     def shared(self) -> bool:
         """The shadow is a subscriber's state (share_shadow), not a copy of the publisher's."""
@@ -258,7 +266,7 @@ class Publisher:
         if self._shared or self._hinted:  # what failed may be the receiver's state, or a hint
             source = CastView(*self._published)
         payload = self.full.encode(None, source)
-        target_hash = state_hash(source)
+        target_hash = self._anchor_state_hash(payload, source)
         header = dataclasses.replace(payload.header, codec=self._full_name,
                                      target_version=self.version, target_hash=target_hash)
         self._since_anchor, self._deltas = 0, 0
