@@ -15,6 +15,15 @@ tokens/s and their ratio are reported, and whether the two paths generated the s
         --experts 8 --rounds 1 --new-tokens 4 --out /tmp/moe_decode.json   # smoke
 
 `--profile` adds one profiled call of each path and its top ops by self CPU time.
+
+What bounds both paths: the expert weights a decode step must read. During one more call of
+the HF path, a hook on each layer's router records the distinct experts its decode steps pick
+(rows x top-k picks among the experts); their weights, plus every dense weight, are the bytes
+one step reads at least, whatever the kernels. Times each path's steps per second, that is the
+weight-read rate each path reaches, set beside this machine's copy bandwidth (a 512 MiB
+tensor copied into another, read plus write, median of 5): a path cannot decode faster than
+the copy bandwidth over the bytes per step, so the two paths' ceiling is that rate over the
+HF path's.
 Not covered: trained checkpoints, Mixtral (the same fused code; its own test checks logits),
 vLLM, a GPU.
 """
@@ -79,6 +88,13 @@ def main() -> None:
             seconds = time.perf_counter() - t0
             tps[name].append(sum(len(c[0].token_ids) for c in done) / seconds)
     med = {name: statistics.median(v) for name, v in tps.items()}
+    reads = weight_reads(engines["hf"], reqs, args.rows)
+    copy_gbs = copy_bandwidth_gbs()
+    steps_per_s = {name: t / args.rows for name, t in med.items()}
+    reads["read_gbs"] = {name: reads["bytes_per_step"] * sp / 1e9
+                         for name, sp in steps_per_s.items()}
+    reads["copy_bandwidth_gbs"] = copy_gbs
+    reads["ceiling_over_hf"] = copy_gbs / reads["read_gbs"]["hf"]
     top = {}
     for name, engine in engines.items() if args.profile else ():
         with torch.profiler.profile() as prof:
@@ -93,10 +109,59 @@ def main() -> None:
            "dtype": args.dtype, "rows": args.rows, "new_tokens": args.new_tokens,
            "threads": args.threads, "rounds": args.rounds, "tokens_per_s": tps,
            "median_tokens_per_s": med, "fused_over_hf": med["fused"] / med["hf"],
-           "same_tokens_frac": same, "top_ops": top}
-    print(f"{params / 1e6:.0f}M params, {args.dtype}: fused {med['fused']:.1f} tok/s, "
-          f"HF {med['hf']:.1f} tok/s, {res['fused_over_hf']:.2f}x; same tokens {same:.0%}")
+           "same_tokens_frac": same, "weight_reads": reads, "top_ops": top}
+    print(f"{params / 1e6:.0f}M params, {args.dtype}, {args.rows} rows: fused "
+          f"{med['fused']:.1f} tok/s, HF {med['hf']:.1f} tok/s, {res['fused_over_hf']:.2f}x; "
+          f"same tokens {same:.0%}")
+    print(f"experts read per layer per step {reads['experts_per_layer_step']:.1f} of "
+          f"{args.experts}; {reads['bytes_per_step'] / 1e6:.0f} MB per step; fused "
+          f"{reads['read_gbs']['fused']:.1f} GB/s, HF {reads['read_gbs']['hf']:.1f} GB/s, "
+          f"copy {copy_gbs:.1f} GB/s: ceiling {reads['ceiling_over_hf']:.2f}x the HF path")
     rec.write(res)
+
+
+def weight_reads(engine, reqs, rows: int) -> dict:
+    """Bytes of weights one decode step reads at least: every dense weight, plus the experts
+    the routers pick, counted over one generate call of `engine` (the HF path) by a hook on
+    each layer's router (Qwen3MoeTopKRouter: (logits, scores, indices))."""
+    model = engine.model
+    blocks = [m for m in model.modules() if hasattr(m, "gate") and hasattr(m, "experts")]
+    picked: list[int] = []
+
+    def hook(module, args, out):
+        if out[2].shape[0] == rows:  # a decode step: one token per row (not the prefill)
+            picked.append(out[2].unique().numel())
+
+    handles = [b.gate.register_forward_hook(hook) for b in blocks]
+    try:
+        engine.generate_sync(reqs)
+    finally:
+        for h in handles:
+            h.remove()
+    experts = blocks[0].experts
+    expert_bytes = sum(p.numel() * p.element_size() for p in experts.parameters())
+    n_experts = model.config.num_experts
+    all_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    embed = model.get_input_embeddings().weight
+    dense = (all_bytes - len(blocks) * expert_bytes
+             - embed.numel() * embed.element_size())  # the lookup reads rows, not the table
+    per_layer = statistics.fmean(picked)
+    return {"experts_per_layer_step": per_layer, "expert_mb": expert_bytes / n_experts / 1e6,
+            "bytes_per_step": dense + len(blocks) * per_layer * expert_bytes / n_experts}
+
+
+def copy_bandwidth_gbs(mib: int = 512, repeats: int = 5) -> float:
+    """Memory bandwidth of this machine as torch's copy sees it: bytes read plus written."""
+    import torch
+
+    src = torch.ones(mib * 2**20 // 2, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return 2 * src.numel() * src.element_size() / statistics.median(times[1:]) / 1e9
 
 
 if __name__ == "__main__":
