@@ -26,10 +26,11 @@ MATH_ATTENTION_TOKENS = 128
 def short_rows_attention(model, tokens: int):
     """On a CPU, a pass whose rows hold at most MATH_ATTENTION_TOKENS tokens (prompt plus
     completion) runs scaled-dot-product attention on torch's math kernel instead of its CPU
-    flash kernel: on such short rows the flash kernel's forward plus backward takes about 3x
-    as long, and from about 256 tokens on the math kernel (which holds the whole (T, T)
-    attention matrix, in fp32) loses (benchmarks/attention_kernels.py). The math kernel
-    computes bf16 inputs in fp32. Elsewhere, and under gradient checkpointing (whose
+    flash kernel: on the default task's rows the flash kernel's forward plus backward takes
+    about 2.5x as long, and from about 192 tokens on the math kernel (which holds the whole
+    (T, T) attention matrix, in fp32) loses (benchmarks/attention_kernels.py). The math
+    kernel computes bf16 inputs in fp32, and keeps fp32 copies for the backward (more memory
+    per pass than the flash kernel). Elsewhere, and under gradient checkpointing (whose
     recompute runs in the backward pass, outside this block, so it would pick another kernel
     than the forward did): torch's own choice."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
