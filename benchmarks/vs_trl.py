@@ -102,6 +102,8 @@ def run_traingym(a, work: Path) -> dict:
     return {"step_s": [e["seconds_rollout"] + e["seconds_train"] + e["seconds_sync"] for e in ev],
             "rollout_s": [e["seconds_rollout"] for e in ev],
             "train_s": [e["seconds_train"] for e in ev],
+            "sync_s": [e["seconds_sync"] for e in ev],
+            "sync_encode_s": [e.get("sync_encode_s") for e in ev],
             "train_reward": [e["reward_mean"] for e in ev],
             "completion_len": [e["completion_len_mean"] for e in ev],
             "groups_kept": [e["groups_kept"] for e in ev],
