@@ -153,17 +153,23 @@ def weight_reads(engine, reqs, rows: int) -> dict:
             "bytes_per_step": dense + len(blocks) * per_layer * expert_bytes / n_experts}
 
 
+def _median_s(fn, repeats: int) -> float:
+    """Median seconds of `repeats` calls of `fn`, after one untimed call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def read_bandwidth_gbs(mib: int = 512, repeats: int = 5) -> float:
     """Memory read bandwidth as torch sees it: a sum over a tensor far larger than caches."""
     import torch
 
     x = torch.ones(mib * 2**20 // 4)
-    times = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        x.sum()
-        times.append(time.perf_counter() - t0)
-    return x.numel() * x.element_size() / statistics.median(times[1:]) / 1e9
+    return x.numel() * x.element_size() / _median_s(x.sum, repeats) / 1e9
 
 
 def copy_bandwidth_gbs(mib: int = 512, repeats: int = 5) -> float:
@@ -172,12 +178,7 @@ def copy_bandwidth_gbs(mib: int = 512, repeats: int = 5) -> float:
 
     src = torch.ones(mib * 2**20 // 2, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    times = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    return 2 * src.numel() * src.element_size() / statistics.median(times[1:]) / 1e9
+    return 2 * src.numel() * src.element_size() / _median_s(lambda: dst.copy_(src), repeats) / 1e9
 
 
 if __name__ == "__main__":

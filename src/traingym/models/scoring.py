@@ -8,7 +8,8 @@ log softmax(logits / T) at the given tokens as gather(z) - logsumexp(z), z = log
 fp32, without materialising the (B, C, V) log-softmax. Temperature: T <= 0 (greedy) means
 softmax(logits), as the engines' sampling log-probs. `contiguous_head_input` wraps every
 forward that passes `logits_to_keep`: row_logits, the trainer's prompt pass, the engine's
-unfused prefill. `short_rows_attention` picks the attention kernel of the trainer's passes.
+unfused prefill. `short_rows_attention` picks the attention kernel of the passes here and
+in the trainer's shared-prompt path (trainer/logprobs.py).
 """
 
 from __future__ import annotations
