@@ -373,14 +373,19 @@ def test_max_concurrency_bounds_requests_in_flight(server, setup):
 
     t = threading.Thread(target=poll)
     t.start()
-    try:
-        params = SamplingParams(1.0, max_new_tokens=16)
-        out = run(eng, [GenerationRequest(p, 1, params, seed=i) for i, p in enumerate(prompts)])
+    try:  # rounds until the server was read often enough: on a loaded machine a /metrics
+        params = SamplingParams(1.0, max_new_tokens=16)  # answer can take a whole round
+        for _ in range(8):
+            out = run(eng, [GenerationRequest(p, 1, params, seed=i)
+                            for i, p in enumerate(prompts)])
+            assert len(out) == len(prompts) and eng.http.stats.peak_in_flight == 2
+            if len(seen) > 5 and max(seen) == 2:
+                break
     finally:
         done.set()
         t.join()
-    assert len(out) == len(prompts) and eng.http.stats.peak_in_flight == 2
     assert len(seen) > 5 and max(seen) == 2, seen
+    assert all(v <= 2 for v in seen), seen
 
 
 def test_read_only_registry_health_and_training_refused(server, setup):
