@@ -78,11 +78,10 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def run_traingym(a, work: Path) -> dict:
-    import traingym
-    from traingym.config.load import build_config
-
-    cfg = build_config(overrides={
+def traingym_overrides(a) -> dict:
+    """traingym's side of the comparison, as config overrides (benchmarks/page_faults.py runs
+    the same)."""
+    return {
         "seed": a.seed, "steps": a.steps, "threads": a.threads,
         "model": {"path": "embedded", "engine_dtype": "bfloat16"},
         "task": {"name": "arith", "prefill": PREFILL},
@@ -93,7 +92,14 @@ def run_traingym(a, work: Path) -> dict:
         "algorithm": {"name": "vs_trl:GRPOAllGroups" if a.no_drop else "grpo",
                       "clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0,
                       "normalize_std": False},
-        "eval": {"num_prompts": HELDOUT, "before": False, "after": False}})
+        "eval": {"num_prompts": HELDOUT, "before": False, "after": False}}
+
+
+def run_traingym(a, work: Path) -> dict:
+    import traingym
+    from traingym.config.load import build_config
+
+    cfg = build_config(overrides=traingym_overrides(a))
     t0 = time.monotonic()
     res = traingym.train(cfg, run_dir=work / "traingym", progress=False)
     wall = time.monotonic() - t0

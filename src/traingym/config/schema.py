@@ -28,6 +28,9 @@ class Config(Strict):
     seed: int = 0
     steps: int = Field(40, ge=1, description="optimizer steps")
     threads: int = Field(0, ge=0, description="torch threads (0: all cores)")
+    huge_pages: bool = Field(True, description="torch's CPU tensors of 2 MiB and more on "
+                             "transparent huge pages, where the kernel offers them (fewer page "
+                             "faults; core/memory.py); false: torch's default 4 KiB pages")
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
     rollout: RolloutConfig = RolloutConfig()

@@ -1,4 +1,4 @@
-"""Giving freed memory back to the system between the phases of a step.
+"""Giving freed memory back to the system between the phases of a step, and huge pages.
 
 glibc's allocator keeps freed blocks of the sizes activations come in (up to its dynamic
 mmap threshold, 32 MiB) in its arenas, one per thread that allocated; a step's shapes change
@@ -6,6 +6,12 @@ from phase to phase, so the holes add up and the process's resident size grows p
 holds (measured: benchmarks/memory_phases.py). `trim()` returns whole free pages
 (malloc_trim(0)) at a phase edge: a few milliseconds, then the next phase faults in the pages
 it needs. No-op where the C library has no malloc_trim (musl, macOS).
+
+Every page the process touches for the first time, or again after a trim, is a page fault: on
+the 2-vCPU VMs this project measures on, a train step of benchmarks/vs_trl.py's batch faulted
+about 0.85M 4 KiB pages, a quarter of its CPU time in the kernel. `huge_pages` asks torch to
+back its CPU tensors of 2 MiB and more with transparent huge pages (one fault per 2 MiB);
+see BENCHMARKS.md ("Page faults") for what it changes.
 """
 
 from __future__ import annotations
@@ -13,6 +19,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
+
+TORCH_THP = "THP_MEM_ALLOC_ENABLE"  # c10/core/alloc_cpu.cpp, read at torch's first CPU allocation
 
 
 @functools.cache
@@ -32,3 +41,24 @@ def trim() -> None:
     fn = _malloc_trim()
     if fn is not None:
         fn(0)
+
+
+def huge_pages(on: bool) -> bool:
+    """Ask torch to madvise its CPU allocations of 2 MiB and more as transparent huge pages
+    (`on`), or not. torch reads the switch once, at the process's first CPU tensor: call this
+    before any model is made (loop/build.py does, first thing). A THP_MEM_ALLOC_ENABLE
+    already in the environment wins (set it to 0 to keep torch's default). Child processes
+    inherit it. Returns whether the kernel grants huge pages on request (its THP mode is
+    `always` or `madvise`); if it does not, the switch changes nothing."""
+    os.environ.setdefault(TORCH_THP, "1" if on else "0")
+    return thp_mode() in ("always", "madvise")
+
+
+def thp_mode() -> str | None:
+    """The kernel's transparent-huge-page mode (always, madvise, never), or None (not Linux)."""
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1:end] if 0 <= start < end else None

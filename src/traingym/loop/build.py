@@ -23,7 +23,7 @@ from traingym.cluster.preflight import check_cluster
 from traingym.config.engines import engine_context
 from traingym.config.load import upgrade
 from traingym.config.schema import Config
-from traingym.core import trace
+from traingym.core import memory, trace
 from traingym.core.errors import ConfigError
 from traingym.core.precision import engine_dtype
 from traingym.core.types import SamplingParams
@@ -268,6 +268,7 @@ def _assemble(cfg: Config, run_dir: Path, resume: bool, inputs: Inputs,
               progress: bool) -> tuple[Run, int]:
     """Model, engine, trainer, then the wiring; if a later part fails, what was built is
     closed (an engine may own a server process, a trainer a teacher's worker)."""
+    memory.huge_pages(cfg.huge_pages)  # before the first tensor: torch reads it once
     torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)

@@ -27,7 +27,8 @@ def train_loop(run, start_step: int) -> dict:
             release = getattr(run.engine, "release_derived", None)
             if release is not None:  # idle until the publish: its rebuildable copies go
                 release()
-            memory.trim()
+            if cfg.trainer.trim_memory:
+                memory.trim()
             return groups, {}
 
         def publish(state, version):

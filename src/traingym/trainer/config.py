@@ -56,6 +56,12 @@ class TrainerConfig(Strict):
     gradient_checkpointing: bool = Field(False, description="recompute each decoder layer in "
                                          "the backward pass (less memory, more compute; the "
                                          "trainer then runs full sequences: trainer/micro.py)")
+    trim_memory: bool = Field(
+        True, description="give the heap's free pages back to the system after each rollout, "
+        "forward/backward pass and step (malloc_trim, core/memory.py): a lower peak RSS, but "
+        "every phase then faults its pages in again, a cost that grows with the batch and "
+        "shows on small models (BENCHMARKS.md, 'Page faults'); false: keep them for reuse, "
+        "as a plain torch loop does")
     micro_batch_tokens: int = Field(0, ge=0, description="cap on tokens per forward/backward "
                                     "pass, splitting groups by samples (trainer/micro.py); 0: "
                                     "micro-batches of micro_batch_groups whole groups")

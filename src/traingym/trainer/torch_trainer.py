@@ -110,7 +110,8 @@ class TorchTrainer:
         self._loan = None  # the step writes the weights: the casts are stale from here
         grad_norm = check_finite(self.clip_and_step())
         self.optimizer.zero_grad(set_to_none=True)  # no gradients held through the publish
-        memory.trim()
+        if self.cfg.trim_memory:
+            memory.trim()
         return route_fractions({**stats, "grad_norm": grad_norm,
                                 "trained_tokens": total_tokens, "lr": self.cfg.lr})
 
@@ -190,7 +191,8 @@ class TorchTrainer:
                 stats["moe_aux_loss"] += float(aux.detach()) * share
             with trace.span("backward", cat="trainer", micro=n):
                 total.backward()
-            memory.trim()  # the pass's freed activations back to the system: core/memory.py
+            if self.cfg.trim_memory:  # the pass's freed activations back to the system
+                memory.trim()
             stats["loss"] += float(weighted.detach().sum()) / denom
             stats["kl"] += float((kl_B_T.detach() * mask).sum()) / total_tokens
             stats["entropy"] += float((out.entropy_B_T.detach() * mask).sum()) / total_tokens
