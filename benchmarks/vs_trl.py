@@ -15,7 +15,10 @@ temperature 1.0, exactly 8 new tokens per completion, one AdamW step per 64 comp
 constant lr 1e-5 (betas 0.9/0.99, no weight decay, grad-norm clip 1.0), all 64 completions in
 one forward/backward pass (TRL: per_device_train_batch_size 64, no gradient accumulation;
 traingym: trainer.micro_batch_groups 16, since 12-06: before, traingym ran 4 passes of 4
-groups, its default), PPO clip 0.2/0.28,
+groups, its default), freed memory kept for reuse between phases, as TRL's plain torch loop
+keeps it (traingym: trainer.trim_memory false, since 12-06; its default gives the heap's free
+pages back after each rollout, pass and step, for a lower peak: benchmarks/page_faults.py
+measures that cost), PPO clip 0.2/0.28,
 token-level loss averaging, no std-scaling of advantages, no KL, bf16 autocast over fp32
 master weights, 2 torch threads, the same number of steps. A step is generation + reward +
 training + weight sync (traingym: rollout + train + sync from its events.jsonl, checkpoint
@@ -27,6 +30,8 @@ models on the held-out rows (traingym's TorchEngine in bf16 and traingym.evaluat
 Not equal, because the frameworks differ inside: traingym samples from a separate bf16 copy
 of the weights with a prefix-shared KV cache and trains with the prompt run once per group;
 TRL samples with HF `generate` from the training model and trains on full sequences. traingym
+puts torch's tensors of 2 MiB and more on transparent huge pages (its `huge_pages` default,
+since 12-06); TRL runs on torch's default pages. traingym
 drops groups whose 4 rewards are all equal (no gradient, but fewer tokens trained); TRL trains
 on them with zero advantage. Fixed length: traingym keeps sampling past an end-of-turn token
 (rollout.ignore_eos); TRL cannot, so it forbids that token for 8 tokens (min_new_tokens=8) and
@@ -88,7 +93,8 @@ def traingym_overrides(a) -> dict:
         "rollout": {"prompts_per_step": PROMPTS, "group_size": GROUP, "temperature": TEMP,
                     "max_new_tokens": NEW_TOKENS, "ignore_eos": True},
         "trainer": {"lr": LR, "betas": [0.9, 0.99], "weight_decay": 0.0, "grad_clip": 1.0,
-                    "bf16_autocast": True, "micro_batch_groups": PROMPTS},
+                    "bf16_autocast": True, "micro_batch_groups": PROMPTS,
+                    "trim_memory": False},
         "algorithm": {"name": "vs_trl:GRPOAllGroups" if a.no_drop else "grpo",
                       "clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0,
                       "normalize_std": False},
