@@ -1,5 +1,6 @@
 """The shared-prefix log-prob pass equals one full sequence per sample, values and gradients."""
 
+import pytest
 import torch
 
 from traingym.models.loader import tiny_model, tiny_tokenizer
@@ -89,3 +90,34 @@ def test_short_rows_run_the_math_attention_kernel_and_long_rows_torchs_choice(mo
     assert torch.allclose(short.logp_B_T, long.logp_B_T, atol=1e-5)
     assert torch.allclose(short.logp_B_T, _naive(model, prompts, completions, 1.0,
                                                  tok.pad_token_id), atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_vocab_terms_equal_log_softmax_gather_and_entropy(monkeypatch, dtype, temperature):
+    """The chunked log-prob and entropy (values and both gradients) against log_softmax,
+    gather and -(p log p).sum() over the whole vocabulary, with chunks that split the rows."""
+    from traingym.trainer import logprobs
+
+    monkeypatch.setattr(logprobs, "ROWS_PER_CHUNK", 4)
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 5, 300, generator=gen) * 4).to(dtype).requires_grad_()
+    ids = torch.randint(0, 300, (3, 5), generator=gen)
+    g_logp, g_ent = torch.randn(3, 5, generator=gen), torch.randn(3, 5, generator=gen)
+    lp, ent = logprobs.token_logprobs_and_entropy(x, ids, temperature)
+    z = x.float() / temperature if temperature not in (0.0, 1.0) else x.float()
+    ls = z.log_softmax(-1)
+    lp_ref, ent_ref = ls.gather(-1, ids[..., None])[..., 0], -(ls.exp() * ls).sum(-1)
+    assert lp.dtype == ent.dtype == torch.float32
+    torch.testing.assert_close(lp, lp_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, ent_ref, atol=1e-5, rtol=1e-5)
+    for with_entropy in (False, True):
+        got, = torch.autograd.grad((lp * g_logp).sum() + with_entropy * (ent * g_ent).sum(), x,
+                                   retain_graph=True)
+        want, = torch.autograd.grad((lp_ref * g_logp).sum()
+                                    + with_entropy * (ent_ref * g_ent).sum(), x,
+                                    retain_graph=True)
+        assert got.dtype == dtype
+        scale = want.float().abs().max()
+        assert (got.float() - want.float()).abs().max() <= 1e-5 * scale + (
+            0 if dtype == torch.float32 else scale * 2**-8)

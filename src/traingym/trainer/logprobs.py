@@ -17,7 +17,9 @@ import torch
 from transformers import DynamicCache
 
 from traingym.core.padding import left_pad, repeat_cache_rows, right_pad
-from traingym.models.scoring import contiguous_head_input, scaled, short_rows_attention
+from traingym.models.scoring import contiguous_head_input, short_rows_attention
+
+ROWS_PER_CHUNK = 64  # vocabulary rows of fp32 work at a time: 64 x 49152 x 4 B = 12 MiB
 
 
 @dataclass
@@ -98,13 +100,9 @@ def completion_logprobs(
         logits_B_C_V = torch.cat([logits_B_1_V, rest_B_Cm1_V], dim=1)
     else:
         logits_B_C_V = logits_B_1_V
-    if logits_B_C_V.dtype in (torch.bfloat16, torch.float16):
-        logits_B_C_V = logits_B_C_V.float()
-    logits_B_C_V = scaled(logits_B_C_V, temperature)  # T = 1: no division, same bits
-    logsm_B_C_V = logits_B_C_V.log_softmax(-1)
-    logp_B_C = logsm_B_C_V.gather(-1, comp_B_C[..., None])[..., 0]
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy_B_C = -(logsm_B_C_V.exp() * logsm_B_C_V).sum(-1)
+    logp_B_C, entropy_B_C = token_logprobs_and_entropy(logits_B_C_V, comp_B_C, temperature)
+    if not (entropy_grad and torch.is_grad_enabled()):
+        entropy_B_C = entropy_B_C.detach()
     mask = cmask_B_C.to(logp_B_C.dtype)
     if loss_masks is not None:
         flat_masks = [m for group in loss_masks for m in group]
@@ -112,3 +110,68 @@ def completion_logprobs(
             raise ValueError("completion_logprobs: each loss mask must match its completion")
         mask = mask * right_pad(flat_masks, 0, device)[0].to(logp_B_C.dtype)
     return TokenLogprobs(logp_B_C * mask, mask, entropy_B_C * mask)
+
+
+def token_logprobs_and_entropy(logits_B_C_V: torch.Tensor, ids_B_C: torch.Tensor,
+                               temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(z)[ids] and the entropy of softmax(z), z = logits / T (T <= 0 or 1: the
+    logits), both (B, C) in fp32 (fp64 for fp64 logits) and differentiable, with no
+    full-vocabulary tensor beyond the logits themselves: ROWS_PER_CHUNK rows at a time, forward
+    and backward (which recomputes softmax from the logits and the saved log-sum-exp). The
+    same sums as log_softmax, gather and -(p * log p).sum() up to float rounding
+    (tests/unit/test_logprobs.py)."""
+    t = temperature if temperature > 0 else 1.0
+    B, C, V = logits_B_C_V.shape
+    logp, entropy = _VocabTerms.apply(logits_B_C_V.reshape(B * C, V), ids_B_C.reshape(-1), t)
+    return logp.view(B, C), entropy.view(B, C)
+
+
+class _VocabTerms(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits_N_V, ids_N, t):
+        n = logits_N_V.shape[0]
+        work = torch.promote_types(logits_N_V.dtype, torch.float32)  # fp64 stays fp64
+        lse_N = logits_N_V.new_empty(n, dtype=work)
+        logp_N, ent_N = torch.empty_like(lse_N), torch.empty_like(lse_N)
+        for lo in range(0, n, ROWS_PER_CHUNK):
+            hi = min(lo + ROWS_PER_CHUNK, n)
+            z = logits_N_V[lo:hi].to(lse_N.dtype)
+            if t != 1.0:
+                z = z / t
+            lse = z.logsumexp(-1)
+            lse_N[lo:hi] = lse
+            logp_V = z - lse[:, None]  # not in place: z may be the logits themselves
+            logp_N[lo:hi] = logp_V.gather(-1, ids_N[lo:hi, None])[:, 0]
+            ent_N[lo:hi] = -(logp_V.exp() * logp_V).sum(-1)
+        ctx.save_for_backward(logits_N_V, ids_N, lse_N, ent_N)
+        ctx.t = t
+        ctx.set_materialize_grads(False)  # an output nothing depends on: None, not zeros
+        return logp_N, ent_N
+
+    @staticmethod
+    def backward(ctx, g_logp_N, g_ent_N):
+        """d logp_j / dz = onehot_j - p; d H / dz = -p (log p + H); then / T."""
+        if g_logp_N is None and g_ent_N is None:
+            return None, None, None
+        logits_N_V, ids_N, lse_N, ent_N = ctx.saved_tensors
+        t = ctx.t
+        grad = torch.empty_like(logits_N_V)
+        for lo in range(0, logits_N_V.shape[0], ROWS_PER_CHUNK):
+            hi = min(lo + ROWS_PER_CHUNK, logits_N_V.shape[0])
+            z = logits_N_V[lo:hi].to(lse_N.dtype)
+            if t != 1.0:
+                z = z / t
+            logp_V = z - lse_N[lo:hi, None]
+            p = logp_V.exp()
+            dz = None
+            if g_ent_N is not None:  # before p is overwritten below
+                logp_V.add_(ent_N[lo:hi, None]).mul_(p).mul_(g_ent_N[lo:hi, None])
+                dz = logp_V.neg_() if dz is None else dz.sub_(logp_V)
+            if g_logp_N is not None:
+                g = g_logp_N[lo:hi, None]
+                dz = p.mul_(g).neg_() if dz is None else dz.sub_(p.mul_(g))
+                dz.scatter_add_(-1, ids_N[lo:hi, None], g)
+            if t != 1.0:
+                dz = dz / t
+            grad[lo:hi] = dz
+        return grad, None, None
