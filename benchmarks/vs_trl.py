@@ -31,7 +31,8 @@ Not equal, because the frameworks differ inside: traingym samples from a separat
 of the weights with a prefix-shared KV cache and trains with the prompt run once per group;
 TRL samples with HF `generate` from the training model and trains on full sequences. traingym
 puts torch's tensors of 2 MiB and more on transparent huge pages (its `huge_pages` default,
-since 12-06); TRL runs on torch's default pages. traingym
+since 12-06); TRL runs on torch's default pages unless --trl-huge-pages gives its process the
+same setting (result file name ending -trl_huge_pages). traingym
 drops groups whose 4 rewards are all equal (no gradient, but fewer tokens trained); TRL trains
 on them with zero advantage. Fixed length: traingym keeps sampling past an end-of-turn token
 (rollout.ignore_eos); TRL cannot, so it forbids that token for 8 tokens (min_new_tokens=8) and
@@ -226,6 +227,9 @@ def main() -> None:
     p.add_argument("--skip", type=int, default=2, help="first steps left out of the median")
     p.add_argument("--no-drop", action="store_true",
                    help="equal work: traingym trains every group, none dropped (GRPOAllGroups)")
+    p.add_argument("--trl-huge-pages", action="store_true",
+                   help="TRL's process too puts torch's tensors of 2 MiB and more on huge pages "
+                        "(THP_MEM_ALLOC_ENABLE=1, as traingym's huge_pages does for its own)")
     resultfile.add_args(p)
     p.add_argument("--work", default=None, help="scratch folder (default runs/vs_trl-<time>)")
     p.add_argument("--worker", choices=["traingym", "trl", "eval"], help=argparse.SUPPRESS)
@@ -235,7 +239,9 @@ def main() -> None:
         fn = {"traingym": run_traingym, "trl": run_trl, "eval": run_eval}[a.worker]
         (work / f"{a.worker}.json").write_text(json.dumps(fn(a, work), indent=1))
         return
-    a.label = a.label or ("no_drop" if a.no_drop else None)
+    a.label = a.label or ("-".join(x for x, on in (("no_drop", a.no_drop),
+                                                   ("trl_huge_pages", a.trl_huge_pages)) if on)
+                          or None)
     rec = resultfile.start("vs_trl", a)
     work.mkdir(parents=True, exist_ok=False)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -245,10 +251,11 @@ def main() -> None:
     for worker in ("traingym", "trl", "eval"):
         print(f"== {worker} ... (load average {os.getloadavg()[0]:.2f})", flush=True)
         t0, load[worker] = time.monotonic(), [os.getloadavg()[0]]
+        thp = {"THP_MEM_ALLOC_ENABLE": "1"} if worker == "trl" and a.trl_huge_pages else {}
         subprocess.run([sys.executable, __file__, "--worker", worker, "--work", str(work),
                         "--steps", str(a.steps), "--threads", str(a.threads),
                         "--seed", str(a.seed), *(["--no-drop"] if a.no_drop else [])],
-                       env=env, check=True)
+                       env={**env, **thp}, check=True)
         proc_wall[worker] = time.monotonic() - t0
         load[worker].append(os.getloadavg()[0])  # other users' jobs share the 2 cores
         results[worker] = json.loads((work / f"{worker}.json").read_text())
@@ -272,8 +279,9 @@ def main() -> None:
     import trl
 
     report = {"date": time.strftime("%Y-%m-%d"), "steps": a.steps, "threads": a.threads,
-              "no_drop": a.no_drop, "traingym_algorithm": ("GRPOAllGroups (every group "
-                                                           "trained)" if a.no_drop else "grpo"),
+              "no_drop": a.no_drop, "trl_huge_pages": a.trl_huge_pages,
+              "traingym_algorithm": ("GRPOAllGroups (every group trained)" if a.no_drop
+                                     else "grpo"),
               "seed": a.seed, "settings": {"prompts_per_step": PROMPTS, "group_size": GROUP,
                                            "new_tokens": NEW_TOKENS, "temperature": TEMP,
                                            "lr": LR, "heldout_prompts": HELDOUT},
