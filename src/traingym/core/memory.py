@@ -9,7 +9,7 @@ it needs. No-op where the C library has no malloc_trim (musl, macOS).
 
 Every page the process touches for the first time, or again after a trim, is a page fault: on
 the 2-vCPU VMs this project measures on, a train step of benchmarks/vs_trl.py's batch faulted
-about 0.85M 4 KiB pages, a quarter of its CPU time in the kernel. `huge_pages` asks torch to
+about 0.87M 4 KiB pages, a quarter of its CPU time in the kernel. `huge_pages` asks torch to
 back its CPU tensors of 2 MiB and more with transparent huge pages (one fault per 2 MiB);
 see BENCHMARKS.md ("Page faults") for what it changes.
 """
@@ -57,7 +57,8 @@ def huge_pages(on: bool) -> bool:
 def thp_mode() -> str | None:
     """The kernel's transparent-huge-page mode (always, madvise, never), or None (not Linux)."""
     try:
-        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            text = f.read()
     except OSError:
         return None
     start, end = text.find("["), text.find("]")

@@ -165,8 +165,7 @@ class _VocabTerms(torch.autograd.Function):
             p = logp_V.exp()
             dz = None
             if g_ent_N is not None:  # before p is overwritten below
-                logp_V.add_(ent_N[lo:hi, None]).mul_(p).mul_(g_ent_N[lo:hi, None])
-                dz = logp_V.neg_() if dz is None else dz.sub_(logp_V)
+                dz = logp_V.add_(ent_N[lo:hi, None]).mul_(p).mul_(g_ent_N[lo:hi, None]).neg_()
             if g_logp_N is not None:
                 g = g_logp_N[lo:hi, None]
                 dz = p.mul_(g).neg_() if dz is None else dz.sub_(p.mul_(g))

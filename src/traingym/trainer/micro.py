@@ -18,8 +18,8 @@ import torch
 
 from traingym.core.padding import right_pad
 from traingym.core.types import Group
-from traingym.models.scoring import row_logits, scaled
-from traingym.trainer.logprobs import TokenLogprobs, lm_head_inputs
+from traingym.models.scoring import row_logits
+from traingym.trainer.logprobs import TokenLogprobs, lm_head_inputs, token_logprobs_and_entropy
 
 
 def pass_tokens(groups: list[Group]) -> int:
@@ -76,10 +76,9 @@ def sequence_logprobs(model, prompts, completions, temperature: float, pad_token
         raise ValueError("sequence_logprobs: every completion needs at least one token")
     row_prompts = [p for p, group in zip(prompts, completions) for _ in group]
     logits, comp_B_C, cmask_B_C = row_logits(model, row_prompts, flat, pad_token_id)
-    logsm = scaled(logits, temperature).log_softmax(-1)  # the entropy needs all of it
-    logp = logsm.gather(-1, comp_B_C[..., None])[..., 0]
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = -(logsm.exp() * logsm).sum(-1)
+    logp, entropy = token_logprobs_and_entropy(logits, comp_B_C, temperature)
+    if not (entropy_grad and torch.is_grad_enabled()):
+        entropy = entropy.detach()
     mask = cmask_B_C.to(logp.dtype)
     if loss_masks is not None:
         flat_masks = [m for group in loss_masks for m in group]
