@@ -44,13 +44,22 @@ def trim() -> None:
 
 
 def huge_pages(on: bool) -> bool:
-    """Ask torch to madvise its CPU allocations of 2 MiB and more as transparent huge pages
-    (`on`), or not. torch reads the switch once, at the process's first CPU tensor: call this
-    before any model is made (loop/build.py does, first thing). A THP_MEM_ALLOC_ENABLE
-    already in the environment wins (set it to 0 to keep torch's default). Child processes
-    inherit it. Returns whether the kernel grants huge pages on request (its THP mode is
-    `always` or `madvise`); if it does not, the switch changes nothing."""
-    os.environ.setdefault(TORCH_THP, "1" if on else "0")
+    """Ask torch to madvise this process's CPU allocations of 2 MiB and more as transparent
+    huge pages (`on`), or not. torch reads its switch (the THP_MEM_ALLOC_ENABLE variable) once,
+    at the process's first CPU allocation: this sets it, makes that allocation, and takes the
+    variable out of the environment again, so child processes (a user's own tools) keep
+    torch's default. Call it before any model is made (loop/build.py does, first thing); after
+    torch's first allocation it changes nothing. A THP_MEM_ALLOC_ENABLE the user set wins.
+    Returns whether the kernel grants huge pages on request (its THP mode is `always` or
+    `madvise`); if it does not, the switch changes nothing."""
+    if TORCH_THP not in os.environ:
+        import torch
+
+        os.environ[TORCH_THP] = "1" if on else "0"
+        try:
+            torch.empty(1)  # torch's first CPU allocation reads the switch, if none did before
+        finally:
+            del os.environ[TORCH_THP]
     return thp_mode() in ("always", "madvise")
 
 
