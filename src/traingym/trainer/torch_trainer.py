@@ -37,7 +37,7 @@ from traingym.algorithms.importance import (
 from traingym.core import memory, trace
 from traingym.core.precision import autocast_bf16
 from traingym.core.types import Batch
-from traingym.trainer.casts import Borrowing, lending
+from traingym.trainer.casts import Borrowing, lending, own_casts
 from traingym.trainer.config import TrainerConfig
 from traingym.trainer.logprobs import completion_logprobs
 from traingym.trainer.micro import micro_batches, sequence_logprobs
@@ -81,7 +81,7 @@ class TorchTrainer:
         self.aux = AuxLoss(model, algorithm.knobs.moe_aux_loss_coef)  # trainer/moe_aux.py
         self.forward_model = wrap(model) if wrap is not None else model
         self._loan = None  # lend(): bf16 casts for the next step only (trainer/casts.py)
-        self._lendable: set[str] | None = None
+        self._lendable: dict[str, str] | None = None  # use -> tensor name (casts.lending)
         self.value_head = None  # algorithms with needs_values (trainer/value_head.py)
         if algorithm.needs_values:
             self.value_head = make_value_head(model)
@@ -147,56 +147,59 @@ class TorchTrainer:
             extra["entropy_grad"] = True
         if knobs.moe_aux_loss_coef > 0:
             stats["moe_aux_loss"] = 0.0
-        for n, (chunk, advantages) in enumerate(chunks):
-            with self._autocast(), trace.span("forward", cat="trainer", micro=n), \
-                    self.routes.forward(chunk, stats), self.aux.collect() as router_logits:
-                out = self.logprobs(self._policy(), *rows[n], **extra)
-            mask = out.mask_B_T  # policy tokens only
-            aux = None
-            if router_logits:  # algorithm.moe_aux_loss_coef > 0 (trainer/moe_aux.py)
-                aux = self.aux.loss(router_logits, rows[n][0], rows[n][1], rows[n][4])
-                router_logits.clear()
-            adv_B = torch.tensor([a for adv in advantages for a in adv], dtype=torch.float32,
-                                 device=out.logp_B_T.device)
-            adv_B_T = token_adv[n] if token_adv is not None else adv_B[:, None]
-            trainer_B_T = out.logp_B_T.detach().float()
-            if teacher is not None:
-                adv_B_T = algo.teacher_advantages(trainer_B_T, teacher[n], adv_B, mask)
-            engine_B_T = engine_logprobs(chunk, trainer_B_T)
-            sums = mismatch_sums(trainer_B_T, engine_B_T, mask)
-            weight_B_T = self._importance(trainer_B_T, engine_B_T, mask, sums)
-            loss_B_T, clipped_B_T = algo.token_loss(out.logp_B_T, out.logp_B_T.detach(),
-                                                    adv_B_T, mask)
-            if weight_B_T is not None:
-                loss_B_T = loss_B_T * weight_B_T.detach()
-            kl_B_T = torch.zeros_like(loss_B_T)
-            if refs[n] is not None:
-                kl_B_T = algo.kl(out.logp_B_T, refs[n])
-                if knobs.kl_in == "loss":
-                    loss_B_T = loss_B_T + knobs.kl_coef * kl_B_T
-            if teacher is not None:  # reported only: k1 of KL(trainer || teacher)
-                kl_B_T = trainer_B_T - teacher[n]
-            if knobs.entropy_coef > 0:
-                loss_B_T = loss_B_T - knobs.entropy_coef * out.entropy_B_T
-            if targets is not None:
-                value_B_T = self._value_loss(out, targets, n, stats, total_tokens)
-                loss_B_T = loss_B_T + algo.options.vf_coef * value_B_T
-            for k, v in sums.items():
-                stats[k] = stats.get(k, 0.0) + v / total_tokens
-            weighted = loss_B_T * algo.token_weights(mask)
-            total = weighted.sum().mul(scale).div(denom)
-            if aux is not None:  # its share of the batch: this micro-batch's policy tokens
-                share = float(mask.sum()) / total_tokens
-                total = total + aux * (knobs.moe_aux_loss_coef * share * scale)
-                stats["moe_aux_loss"] += float(aux.detach()) * share
-            with trace.span("backward", cat="trainer", micro=n):
-                total.backward()
-            if self.cfg.trim_memory:  # the pass's freed activations back to the system
-                memory.trim()
-            stats["loss"] += float(weighted.detach().sum()) / denom
-            stats["kl"] += float((kl_B_T.detach() * mask).sum()) / total_tokens
-            stats["entropy"] += float((out.entropy_B_T.detach() * mask).sum()) / total_tokens
-            stats["clip_frac"] += float((clipped_B_T * mask).sum()) / total_tokens
+        with self._borrowing():  # through each backward: a checkpoint recomputes the forward
+            for n, (chunk, advantages) in enumerate(chunks):
+                with self._autocast(), trace.span("forward", cat="trainer", micro=n), \
+                        self.routes.forward(chunk, stats), self.aux.collect() as router_logits:
+                    out = self.logprobs(self.forward_model, *rows[n], **extra)
+                mask = out.mask_B_T  # policy tokens only
+                aux = None
+                if router_logits:  # algorithm.moe_aux_loss_coef > 0 (trainer/moe_aux.py)
+                    aux = self.aux.loss(router_logits, rows[n][0], rows[n][1], rows[n][4])
+                    router_logits.clear()
+                adv_B = torch.tensor([a for adv in advantages for a in adv], dtype=torch.float32,
+                                     device=out.logp_B_T.device)
+                adv_B_T = token_adv[n] if token_adv is not None else adv_B[:, None]
+                trainer_B_T = out.logp_B_T.detach().float()
+                if teacher is not None:
+                    adv_B_T = algo.teacher_advantages(trainer_B_T, teacher[n], adv_B, mask)
+                engine_B_T = engine_logprobs(chunk, trainer_B_T)
+                sums = mismatch_sums(trainer_B_T, engine_B_T, mask)
+                weight_B_T = self._importance(trainer_B_T, engine_B_T, mask, sums)
+                loss_B_T, clipped_B_T = algo.token_loss(out.logp_B_T, out.logp_B_T.detach(),
+                                                        adv_B_T, mask)
+                if weight_B_T is not None:
+                    loss_B_T = loss_B_T * weight_B_T.detach()
+                kl_B_T = torch.zeros_like(loss_B_T)
+                if refs[n] is not None:
+                    kl_B_T = algo.kl(out.logp_B_T, refs[n])
+                    if knobs.kl_in == "loss":
+                        loss_B_T = loss_B_T + knobs.kl_coef * kl_B_T
+                if teacher is not None:  # reported only: k1 of KL(trainer || teacher)
+                    kl_B_T = trainer_B_T - teacher[n]
+                if knobs.entropy_coef > 0:
+                    loss_B_T = loss_B_T - knobs.entropy_coef * out.entropy_B_T
+                if targets is not None:
+                    value_B_T = self._value_loss(out, targets, n, stats, total_tokens)
+                    loss_B_T = loss_B_T + algo.options.vf_coef * value_B_T
+                for k, v in sums.items():
+                    stats[k] = stats.get(k, 0.0) + v / total_tokens
+                weighted = loss_B_T * algo.token_weights(mask)
+                total = weighted.sum().mul(scale).div(denom)
+                if aux is not None:  # its share of the batch: this micro-batch's policy tokens
+                    share = float(mask.sum()) / total_tokens
+                    total = total + aux * (knobs.moe_aux_loss_coef * share * scale)
+                    stats["moe_aux_loss"] += float(aux.detach()) * share
+                if self.cfg.trim_memory:  # what the forward freed, before the backward's peak
+                    memory.trim()
+                with trace.span("backward", cat="trainer", micro=n):
+                    total.backward()
+                if self.cfg.trim_memory:  # the pass's freed activations back to the system
+                    memory.trim()
+                stats["loss"] += float(weighted.detach().sum()) / denom
+                stats["kl"] += float((kl_B_T.detach() * mask).sum()) / total_tokens
+                stats["entropy"] += float((out.entropy_B_T.detach() * mask).sum()) / total_tokens
+                stats["clip_frac"] += float((clipped_B_T * mask).sum()) / total_tokens
         return stats
 
     def lend(self, lender) -> None:
@@ -204,20 +207,30 @@ class TorchTrainer:
         weights' casts now, or None (weights/colocated.py lent_casts), which a bf16 autocast
         forward then reads instead of casting (trainer/casts.py). Call it only while they are
         the casts: right after publishing the weights, before anything changes them. Ignored
-        where the forward is wrapped (DDP/FSDP) or recomputed (gradient checkpointing)."""
-        if self.forward_model is self.model and not self.cfg.gradient_checkpointing:
+        where the forward is wrapped (DDP/FSDP). Gradient checkpointing's recompute reads
+        them too (the step's passes run inside `_borrowing`)."""
+        if self.forward_model is self.model:
             self._loan = lender
 
-    def _policy(self):
-        """The model a micro-batch's forward runs: under bf16 autocast, borrowing the casts
-        lent for this step (trainer/casts.py: the colocated engine's own tensors, no copy)."""
-        if self._loan is None or not autocast_bf16(self.cfg.bf16_autocast,
-                                                   next(self.model.parameters()).device.type):
-            return self.forward_model
+    def _borrowing(self):
+        """What a step's forward and backward passes run under. Under bf16 autocast the model
+        reads bf16 casts of its linear weights (trainer/casts.py Borrowing): those lent for
+        this step (the colocated engine's own tensors, no copy), else casts made here. Not made
+        here under gradient checkpointing: they would live through the backward, where
+        autocast's own go with its cache at the end of each forward."""
+        if self.forward_model is not self.model or not autocast_bf16(
+                self.cfg.bf16_autocast, next(self.model.parameters()).device.type):
+            return contextlib.nullcontext()
         if self._lendable is None:
             self._lendable = lending(self.forward_model)
-        casts = self._loan(self._lendable) if self._lendable else None
-        return Borrowing(self.forward_model, casts) if casts else self.forward_model
+        sources = set(self._lendable.values())
+        casts = self._loan(sources) if self._loan is not None and sources else None
+        if casts is None and sources and not self.cfg.gradient_checkpointing:
+            casts = own_casts(self.model, sources)
+        if not casts:
+            return contextlib.nullcontext()
+        uses = {use: casts[src] for use, src in self._lendable.items()}
+        return Borrowing(self.forward_model, uses, accumulate=self.in_backward is None)
 
     def _value_loss(self, out, targets, n: int, stats: dict, total_tokens: int):
         """Per-token value loss of micro-batch n (the algorithm's, e.g. clipped); its stats."""
