@@ -213,3 +213,24 @@ def test_a_run_on_borrowed_casts_trains_bitwise_as_one_on_its_own(tmp_path):
     b, lent = final(True, "borrowed")
     assert len(lent) >= 2 and all(x is not None for x in lent)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_embedding_adds_its_rows_gradient_as_nn_embedding_computes_it():
+    """Borrowing's lookup (`_Gather`) adds each looked-up row's gradient into .grad in place:
+    nn.Embedding's gradient, repeated ids summed, the padding row left at 0, added to what
+    .grad already holds."""
+    torch.manual_seed(0)
+    ref = torch.nn.Embedding(11, 4, padding_idx=3)
+    emb = torch.nn.Embedding(11, 4, padding_idx=3)
+    emb.load_state_dict(ref.state_dict())
+    ids = torch.tensor([[1, 3, 1, 7], [3, 10, 0, 1]])
+    upstream = torch.randn(2, 4, 4)
+    for m in (ref, emb):
+        m.weight.grad = torch.full_like(m.weight, 0.5)
+    (ref(ids) * upstream).sum().backward()
+    with Borrowing(emb, {}):
+        out = emb(ids)
+    (out * upstream).sum().backward()
+    assert torch.equal(out, ref(ids))
+    assert torch.allclose(emb.weight.grad, ref.weight.grad, rtol=0, atol=1e-6)
+    assert torch.equal(emb.weight.grad[3], torch.full((4,), 0.5))
