@@ -63,7 +63,7 @@ class _Lend(torch.autograd.Function):
 class _LentMatmul(torch.autograd.Function):
     """x @ cast.T in bf16, as autocast's linear computes it; the backward adds the weight's
     gradient into the fp32 master's `.grad` a block of rows at a time (a tied head's gradient,
-    vocabulary x hidden, is never whole in bf16 nor in the matmul's fp32 scratch)."""
+    vocabulary x hidden, is never whole in bf16)."""
 
     @staticmethod
     def forward(ctx, x, master, cast):
@@ -149,7 +149,7 @@ def _accumulating_linear(mod, weight, bias, x):
          else F.linear(x, mod.weight))
     if bias is not None:
         return y + _Lend.apply(mod.bias, bias, True)
-    return y + mod.bias if mod.bias is not None else y
+    return y + mod.bias.to(y.dtype) if mod.bias is not None else y  # as autocast casts it
 
 
 def _shared_linear(mod, weight, bias, x):
