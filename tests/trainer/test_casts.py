@@ -69,17 +69,23 @@ def test_borrowed_casts_give_autocasts_logprobs_and_its_gradients_to_bf16_roundi
     assert not torch.equal(logp_a, logp_zero)
 
 
+def _layers_equal_rest_close(grads_a, grads_b):
+    """Each decoder layer's gradients equal bit for bit; the tied embedding and head's (its
+    uses summed in another order) to rounding."""
+    for n in grads_a:
+        if ".layers." in n:
+            assert torch.equal(grads_a[n], grads_b[n]), n
+        else:
+            assert torch.allclose(grads_a[n], grads_b[n], rtol=1e-5, atol=1e-7), n
+
+
 def test_one_call_gives_autocasts_gradients_of_the_layers_bit_for_bit():
     """With one model call (the full-row path) nothing is summed across uses: every weight of a
     decoder layer gets autocast's gradient exactly (the tied embedding and head are summed in
     another order, so to rounding)."""
     _, grads_a = _grads(False, logprobs=sequence_logprobs)
     _, grads_b = _grads(True, logprobs=sequence_logprobs)
-    for n in grads_a:
-        if ".layers." in n:
-            assert torch.equal(grads_a[n], grads_b[n]), n
-        else:
-            assert torch.allclose(grads_a[n], grads_b[n], rtol=1e-5, atol=1e-7), n
+    _layers_equal_rest_close(grads_a, grads_b)
 
 
 def test_gradient_checkpointing_recomputes_on_the_lent_casts():
@@ -89,11 +95,7 @@ def test_gradient_checkpointing_recomputes_on_the_lent_casts():
     logp_a, grads_a = _grads(False, logprobs=sequence_logprobs, ckpt=True)
     logp_b, grads_b = _grads(True, logprobs=sequence_logprobs, ckpt=True)
     assert torch.equal(logp_a, logp_b)
-    for n in grads_a:
-        if ".layers." in n:
-            assert torch.equal(grads_a[n], grads_b[n]), n
-        else:
-            assert torch.allclose(grads_a[n], grads_b[n], rtol=1e-5, atol=1e-7), n
+    _layers_equal_rest_close(grads_a, grads_b)
 
 
 def test_shared_lending_hands_one_summed_gradient_on():
