@@ -1,16 +1,22 @@
 """The fused decode path on MoE models (rollout/fused_moe.py), beyond the logits, generation
 and training checks of tests/models/test_families.py: the block's output and chosen experts
 equal HF's sparse MoE block's, in fp32, for both families; continuous batching (serve's
-StepDecoder) runs on it; and the fused path records no routes when not asked to."""
+StepDecoder) runs on it; the fused path records no routes when not asked to; and the AMX
+kernel (rollout/_moe_native.c) gives the expert loop's bits at decode sizes, in a bf16 engine
+too."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from moe_tiny import tiny_moe  # tests/ is on sys.path (tests/conftest.py)
+from prereq import missing
 
 from traingym.core.types import GenerationRequest, SamplingParams
-from traingym.rollout.fused_moe import is_sparse, moe_mlp, moe_weights
+from traingym.rollout import fused_moe
+from traingym.rollout.fused_decoder import FusedDecoder
+from traingym.rollout.fused_moe import MoeWeights, is_sparse, moe_mlp, moe_weights, pack
 from traingym.rollout.torch_engine import TorchEngine
 
 
@@ -42,3 +48,90 @@ def test_step_decoder_runs_on_the_fused_moe_path():
     alone = engine.generate_sync([req])[0]
     assert [got[r] for r in rows] == [c.token_ids for c in alone]
     assert engine.fused.routes is None  # recorded only inside generate
+
+
+def _kernel():
+    if fused_moe.native is None:
+        missing("the MoE kernel is not built (traingym/rollout/_moe_native.c: `pip install -e .` "
+                "builds it where a C compiler is found)")
+    if not fused_moe.native.supported():
+        pytest.skip("this CPU (or its kernel) gives no AMX-BF16: the MoE kernel does not run")
+
+
+def _experts(H, I, E, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    gate_up = (torch.randn(E, 2 * I, H, generator=g) * H ** -0.5).bfloat16()
+    down = (torch.randn(E, H, I, generator=g) * I ** -0.5).bfloat16()
+    loop = MoeWeights(None, E, tuple(gate_up), tuple(down), 2, True, torch.bfloat16)
+    return loop, loop._replace(gate_up=(), down=(), packed=(pack(gate_up), pack(down)))
+
+
+def _routed(tokens, H, E, k, gate_dtype, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, H, generator=g).bfloat16()
+    top, ids = torch.topk((torch.randn(tokens, E, generator=g) * 2).softmax(-1), k, dim=-1)
+    return x, ids, (top / top.sum(-1, keepdim=True)).to(gate_dtype)
+
+
+@pytest.mark.parametrize("gate_dtype", [torch.bfloat16, torch.float32])  # Qwen3-MoE, Mixtral
+@pytest.mark.parametrize("H,I,tokens", [(64, 32, 7), (96, 96, 60), (768, 384, 16)])
+def test_kernel_gives_the_expert_loops_bits(H, I, tokens, gate_dtype):
+    """Experts with no rows, one row and several, a block count that is not a multiple of four
+    (96 / 16), the benchmark's shape (768, 384: 32 experts, top-4)."""
+    _kernel()
+    E, k = (32, 4) if H == 768 else (8, 2)
+    loop, packed = _experts(H, I, E)
+    x, ids, top = _routed(tokens, H, E, k, gate_dtype)
+    loop, packed = loop._replace(top_k=k), packed._replace(top_k=k)
+    want = fused_moe._looped_experts(x, ids, top, loop, F.silu, F.linear)
+    assert torch.equal(fused_moe._kernel_experts(x, ids, top, packed), want)
+
+
+def test_kernel_above_32_rows_an_expert_rounds_a_few_elements_differently():
+    """Above 32 rows an expert (a prefill), the two round differently in a few elements (0.13%
+    of these 200 rows x 768, by one bf16 step; which side's sums or exp, not isolated)."""
+    _kernel()
+    loop, packed = _experts(768, 384, 4)
+    x, _, _ = _routed(200, 768, 4, 1, torch.float32)
+    ids, top = torch.zeros(200, 1, dtype=torch.long), torch.ones(200, 1)
+    want = fused_moe._looped_experts(x, ids, top, loop._replace(top_k=1), F.silu, F.linear)
+    got = fused_moe._kernel_experts(x, ids, top, packed._replace(top_k=1))
+    assert (got != want).float().mean() < 1e-2
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -6, atol=1e-3)
+
+
+def test_kernel_refuses_an_expert_id_out_of_range():
+    _kernel()
+    _, packed = _experts(64, 32, 8)
+    x, ids, top = _routed(3, 64, 8, 2, torch.float32)
+    with pytest.raises(ValueError, match="expert id 8 out of range"):
+        fused_moe._kernel_experts(x, ids.masked_fill(ids == ids[0, 0], 8), top, packed)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_bf16_decoder_on_the_kernel_equals_it_on_the_loop(family, monkeypatch):
+    """A bf16 tiny MoE: prefill and decode logits and the experts chosen, with the kernel and
+    with the oneDNN loop (the kernel switched off), bit for bit."""
+    _kernel()
+    model, _ = tiny_moe(family)
+    model = model.to(torch.bfloat16)
+    on = FusedDecoder(model)
+    assert all(layer.moe.packed is not None for layer in on.layers)
+    with monkeypatch.context() as m:
+        m.setattr(fused_moe, "native", None)
+        off = FusedDecoder(model)
+    assert all(layer.moe.packed is None for layer in off.layers)
+    ids = torch.randint(3, 400, (4, 9), generator=torch.Generator().manual_seed(0))
+    mask, pos = torch.ones_like(ids), torch.arange(9).expand(4, 9)
+    out = []
+    for dec in (on, off):
+        dec.routes = []
+        logits, cache = dec.prefill(ids, mask, pos, 12)
+        steps = [logits]
+        for t in range(3):
+            full = torch.ones(4, 10 + t, dtype=torch.long)
+            steps.append(dec.decode(steps[-1].argmax(-1), pos[:, -1] + 1 + t, cache, 9 + t, full))
+        out.append((steps, dec.routes))
+    for a, b in zip(out[0][0], out[1][0]):
+        assert torch.equal(a, b)
+    assert all(torch.equal(a, b) for a, b in zip(out[0][1], out[1][1]))

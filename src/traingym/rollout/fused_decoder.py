@@ -176,7 +176,7 @@ class FusedDecoder:
             a, m = layer.self_attn, layer.mlp
             sandwich = hasattr(layer, "pre_feedforward_layernorm")
             q_norm = getattr(a, "q_norm", None)
-            sparse = moe_weights(m) if is_sparse(m) else None
+            sparse = moe_weights(m, pre, self.act) if is_sparse(m) else None
             if sparse is None:
                 gu_w, gu_b = pre(torch.cat([m.gate_proj.weight, m.up_proj.weight])), \
                     _cat_bias(m.gate_proj, m.up_proj)
@@ -198,7 +198,7 @@ class FusedDecoder:
                 a.attn_logit_softcapping if self.family.attn_softcap else None, sparse,
             ))
         sparse = [x.moe for x in self.layers if x.moe is not None]
-        self.route_dtype = route_dtype(sparse[0].router.shape[0]) if sparse else None
+        self.route_dtype = route_dtype(sparse[0].n_experts) if sparse else None
         self.norm = nw(self.model.model.norm)
         self.lm_head = pre(self.model.lm_head.weight)
         self.lm_head_bias = self.model.lm_head.bias
@@ -328,7 +328,7 @@ class FusedDecoder:
             out = linear(att.transpose(1, 2).reshape(B, T, H * D), o_w, o_b)
             h = h + (rms(out, post_attn) if post_attn is not None else out)
             if sparse is not None:
-                out, ids_N_K = moe_mlp(rms(h, ln2), sparse, self.act)
+                out, ids_N_K = moe_mlp(rms(h, ln2), sparse, self.act, linear)
                 routes.append(ids_N_K)
             else:
                 gate, up = linear(rms(h, ln2), gu_w, gu_b).chunk(2, -1)

@@ -11,29 +11,62 @@ one gate|up and one down matmul over its contiguous run of tokens (the fused 3-D
 token in expert order, as HF's loop does. Qwen2-MoE's shared expert (a gated MLP over every
 token, times sigmoid(shared_expert_gate(x))) is added after the routed experts, as HF's block
 adds it. Each call returns the chosen ids, so the engine records routes.
+
+The routed experts run in one of two ways. Where the AMX kernel runs (`_moe_native.c`: bf16
+weights, a SiLU family, hidden and intermediate sizes multiples of 32, a CPU with AMX-BF16 and
+the module built), every expert of a block is one C call with the GIL released, over a copy of
+the experts packed for it at `refresh` (`pack`); it gives the same bits as the other way
+(tests/moe/test_fused_moe.py). Otherwise a Python loop over the experts calls `linear` twice per
+expert with a token, over weights `prepare` made (the fused decoder's oneDNN pre-packing where it
+pays: a plain bf16 `F.linear` over a 3-D tensor's slice reorders that expert's weight on every
+call); that way a batch pays one host sync per MoE layer (the per-expert counts).
+TRAINGYM_NATIVE=0 turns the kernel off (as it does the delta codec's).
 Not covered: grouped or biased routers (DeepSeek-V3), router jitter (training only), expert
 parallelism, biases in the shared expert (`unsupported_block` refuses them; the engine then
-decodes with HF's forward); the experts' weights are not pre-packed for oneDNN and a batch pays
-one host sync per MoE layer (the per-expert counts).
+decodes with HF's forward).
 """
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+try:
+    from traingym.rollout import _moe_native as native
+except ImportError:  # built without a C compiler
+    native = None
+if os.environ.get("TRAINGYM_NATIVE", "1") == "0":
+    native = None
+
 
 class MoeWeights(NamedTuple):
     router: torch.Tensor  # (E, H)
-    gate_up: torch.Tensor  # (E, 2I, H)
-    down: torch.Tensor  # (E, H, I)
+    n_experts: int
+    gate_up: tuple[torch.Tensor, ...]  # per expert (2I, H), as `prepare` returned it
+    down: tuple[torch.Tensor, ...]  # per expert (H, I); both empty where `packed` is set
     top_k: int
     renorm: bool  # renormalise the top-k probabilities
     gate_dtype: torch.dtype  # the dtype the model's router returns its gate weights in
     shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     # Qwen2-MoE's shared expert: (gate_proj, up_proj, down_proj, shared_expert_gate) weights
+    packed: tuple[torch.Tensor, torch.Tensor] | None = None  # gate_up, down for the AMX kernel
+
+
+def pack(w_E_N_K: torch.Tensor) -> torch.Tensor:
+    """Each expert's (N, K) as (N/16, K/2, 16, 2): the AMX kernel's layout (a copy)."""
+    E, N, K = w_E_N_K.shape
+    return w_E_N_K.reshape(E, N // 16, 16, K // 2, 2).transpose(2, 3).contiguous()
+
+
+def kernel_runs(experts, act) -> bool:
+    """Whether the AMX kernel computes these experts (see the module's docstring)."""
+    w = experts.gate_up_proj
+    return (native is not None and act is F.silu and w.dtype == torch.bfloat16
+            and w.device.type == "cpu" and w.shape[2] % 32 == 0
+            and experts.down_proj.shape[2] % 32 == 0 and native.supported())
 
 
 def is_sparse(mlp) -> bool:
@@ -45,18 +78,33 @@ def is_sparse(mlp) -> bool:
             and experts.gate_up_proj.dim() == 3)
 
 
+def _same(w: torch.Tensor) -> torch.Tensor:
+    return w
+
+
 @torch.no_grad()
-def moe_weights(mlp) -> MoeWeights:
+def moe_weights(mlp, prepare=_same, act=None) -> MoeWeights:
+    """The block's weights, each matrix passed through `prepare` (the fused decoder's packing
+    for `linear`; by default the views of the model's own tensors); the experts packed for the
+    AMX kernel instead where it computes them with activation `act`."""
     router = mlp.gate
     probe = router(router.weight.new_zeros(1, router.weight.shape[1]))  # its output dtypes
     shared = None
     if getattr(mlp, "shared_expert", None) is not None:
         e = mlp.shared_expert
-        shared = (e.gate_proj.weight, e.up_proj.weight, e.down_proj.weight,
-                  mlp.shared_expert_gate.weight)
-    return MoeWeights(router.weight, mlp.experts.gate_up_proj, mlp.experts.down_proj,
+        shared = tuple(prepare(w) for w in (e.gate_proj.weight, e.up_proj.weight,
+                                            e.down_proj.weight, mlp.shared_expert_gate.weight))
+    experts = mlp.experts
+    if kernel_runs(experts, act):
+        gate_up, down = (), ()
+        packed = pack(experts.gate_up_proj), pack(experts.down_proj)
+    else:
+        gate_up = tuple(prepare(w) for w in experts.gate_up_proj)
+        down = tuple(prepare(w) for w in experts.down_proj)
+        packed = None
+    return MoeWeights(prepare(router.weight), router.weight.shape[0], gate_up, down,
                       router.top_k, getattr(router, "norm_topk_prob", True), probe[1].dtype,
-                      shared)
+                      shared, packed)
 
 
 def unsupported_block(mlp) -> str | None:
@@ -72,30 +120,54 @@ def unsupported_block(mlp) -> str | None:
     return None
 
 
-def moe_mlp(x_B_T_H: torch.Tensor, w: MoeWeights, act) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the block's output (B, T, H), the experts chosen (B*T, k))."""
+def moe_mlp(x_B_T_H: torch.Tensor, w: MoeWeights, act,
+            linear=F.linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the block's output (B, T, H), the experts chosen (B*T, k)); `linear(x, weight)` takes
+    the weights as `moe_weights`' `prepare` made them."""
     B, T, H = x_B_T_H.shape
     x_N_H = x_B_T_H.reshape(-1, H)
-    probs_N_E = F.linear(x_N_H, w.router).float().softmax(-1)
+    probs_N_E = linear(x_N_H, w.router).float().softmax(-1)
     top_N_K, ids_N_K = torch.topk(probs_N_E, w.top_k, dim=-1)
     if w.renorm:
         top_N_K = top_N_K / top_N_K.sum(-1, keepdim=True)
     top_N_K = top_N_K.to(w.gate_dtype)
+    if w.packed is not None:
+        out_N_H = _kernel_experts(x_N_H, ids_N_K, top_N_K, w)
+    else:
+        out_N_H = _looped_experts(x_N_H, ids_N_K, top_N_K, w, act, linear)
+    if w.shared is not None:  # HF: routed + sigmoid(gate(x)) * shared_expert(x)
+        g_w, u_w, d_w, sg_w = w.shared
+        shared_N_H = linear(act(linear(x_N_H, g_w)) * linear(x_N_H, u_w), d_w)
+        out_N_H = out_N_H + torch.sigmoid(linear(x_N_H, sg_w)) * shared_N_H
+    return out_N_H.view(B, T, H), ids_N_K
+
+
+def _looped_experts(x_N_H, ids_N_K, top_N_K, w: MoeWeights, act, linear) -> torch.Tensor:
+    """HF's order: the (token, slot) pairs sorted by expert, each expert over its rows, each
+    output times its gate weight, added per token from zero in expert order."""
     flat = ids_N_K.reshape(-1)
-    order = flat.argsort(stable=True)  # (token, slot) pairs, grouped by expert
+    order = flat.argsort(stable=True)
     token = order // w.top_k
     xs = x_N_H[token]
     outs, start = [], 0
-    for e, n in enumerate(torch.bincount(flat, minlength=w.router.shape[0]).tolist()):
+    for e, n in enumerate(torch.bincount(flat, minlength=w.n_experts).tolist()):
         if n == 0:
             continue
-        gate, up = F.linear(xs[start:start + n], w.gate_up[e]).chunk(2, -1)
-        outs.append(F.linear(act(gate) * up, w.down[e]))
+        gate, up = linear(xs[start:start + n], w.gate_up[e]).chunk(2, -1)
+        outs.append(linear(act(gate) * up, w.down[e]))
         start += n
     y = torch.cat(outs) * top_N_K.reshape(-1)[order, None]
-    out_N_H = torch.zeros_like(x_N_H).index_add_(0, token, y.to(x_N_H.dtype))
-    if w.shared is not None:  # HF: routed + sigmoid(gate(x)) * shared_expert(x)
-        g_w, u_w, d_w, sg_w = w.shared
-        shared_N_H = F.linear(act(F.linear(x_N_H, g_w)) * F.linear(x_N_H, u_w), d_w)
-        out_N_H = out_N_H + torch.sigmoid(F.linear(x_N_H, sg_w)) * shared_N_H
-    return out_N_H.view(B, T, H), ids_N_K
+    return torch.zeros_like(x_N_H).index_add_(0, token, y.to(x_N_H.dtype))
+
+
+def _kernel_experts(x_N_H, ids_N_K, top_N_K, w: MoeWeights) -> torch.Tensor:
+    """The same in one call of the AMX kernel (the gate weights passed as fp32: exact for
+    bf16 ones)."""
+    x_N_H, ids_N_K = x_N_H.contiguous(), ids_N_K.contiguous()
+    top_N_K = top_N_K.float().contiguous()
+    out_N_H = torch.empty_like(x_N_H)
+    gate_up, down = w.packed
+    native.moe(x_N_H.data_ptr(), x_N_H.shape[0], ids_N_K.data_ptr(), top_N_K.data_ptr(),
+               w.top_k, out_N_H.data_ptr(), w.n_experts, gate_up.data_ptr(), down.data_ptr(),
+               x_N_H.shape[1], down.shape[2] * 2, torch.get_num_threads())
+    return out_N_H

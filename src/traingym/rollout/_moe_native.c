@@ -1,0 +1,336 @@
+/* The routed experts of one sparse MoE block, in one call, on AMX (fused_moe.py calls this at
+ * decode batch sizes; its oneDNN path is the fallback and the reference).
+ *
+ * Why: at decode each expert sees a few tokens, so each expert is two skinny bf16 matmuls whose
+ * cost should be reading its weights once. oneDNN's `_linear_pointwise` spends ~30 us of fixed
+ * cost per call on the machines this was built on (a 64x64 matmul takes as long as a 768x768
+ * one), and the Python loop over the experts adds its own. Here one call computes every expert
+ * with the GIL released, the experts split over threads, each weight streamed once through AMX
+ * tiles from a layout made for them.
+ *
+ * Layout: each expert's weight (N, K) packed as (N/16, K/2, 16, 2) bf16 (fused_moe.pack): a
+ * block of 16 output columns is one contiguous stream, 16 pairs of K at a time, the layout AMX
+ * reads as its second operand.
+ *
+ * Maths, as transformers' expert loop computes it in bf16: gate|up = x W_gu^T in fp32 sums,
+ * rounded to bf16; h = bf16(bf16(silu(gate)) * up); y = bf16(h W_down^T). On the machines this
+ * was built on the result equals the oneDNN path's bit for bit (tests/moe/test_fused_moe.py
+ * checks it wherever the kernel runs). Needs AMX-BF16 and Linux's leave to use tile data:
+ * `supported()` says; elsewhere the caller keeps the oneDNN path.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NB 16  /* output columns per packed block */
+#define KB 32  /* K per AMX step */
+
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define HAVE_AMX 1
+#define AMX __attribute__((target("amx-tile,amx-bf16")))
+#define AVX512 __attribute__((target("avx512f")))
+
+/* fp32 to bf16 bits (in each lane's low half), rounding to nearest even as torch's .to() does;
+ * a NaN stays a quiet NaN. */
+static AVX512 inline __m512i bf16_bits(__m512 f) {
+    const __m512i u = _mm512_castps_si512(f), hi = _mm512_srli_epi32(u, 16);
+    const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    return _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+}
+
+static AVX512 inline __m512 round_bf16(__m512 f) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(f), 16));
+}
+
+static AVX512 inline void store_bf16(uint16_t *p, __m512 f) {
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(bf16_bits(f)));
+}
+
+/* e^x to about one ulp: x = n ln2 + r with |r| <= ln2/2 (ln2 in two parts), e^r by its Taylor
+ * series to r^7 (the next term is below 1e-8 relative), times 2^n. */
+static AVX512 inline __m512 exp_ps(__m512 x) {
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.8f)), _mm512_set1_ps(-104.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    static const float taylor[] = {1.f / 5040, 1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f,
+                                   1.f, 1.f};
+    __m512 p = _mm512_set1_ps(taylor[0]);
+    for (int i = 1; i < 8; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(taylor[i]));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* One row: h = bf16(bf16(silu(bf16(gate))) * bf16(up)), from the fp32 sums gu = [gate | up]. */
+static AVX512 void silu_mul(const float *gu, int I, uint16_t *h) {
+    for (int j = 0; j < I; j += 16) {
+        const __m512 g = round_bf16(_mm512_loadu_ps(gu + j));
+        const __m512 u = round_bf16(_mm512_loadu_ps(gu + I + j));
+        const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        const __m512 s = round_bf16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)));
+        store_bf16(h + j, _mm512_mul_ps(s, u));
+    }
+}
+
+static AVX512 void to_bf16(const float *y, size_t n, uint16_t *out) {
+    for (size_t i = 0; i < n; i += 16) store_bf16(out + i, _mm512_loadu_ps(y + i));
+}
+
+static AVX512 inline __m512 load_bf16(const uint16_t *p) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* One token's output row: its k experts' rows (at rows `row` of ys), in increasing expert id,
+ * each times its gate weight and rounded to bf16, summed from zero in fp32 and rounded to bf16
+ * once (as torch's index_add_ into a bf16 tensor does). */
+static AVX512 void combine(const uint16_t *ys, const int64_t *row, const int64_t *ids,
+                           const float *top, int k, int H, uint16_t *out) {
+    int order[64];
+    for (int s = 0; s < k; s++) {  /* insertion sort of the slots by expert id */
+        int j = s;
+        for (; j > 0 && ids[order[j - 1]] > ids[s]; j--) order[j] = order[j - 1];
+        order[j] = s;
+    }
+    for (int c = 0; c < H; c += 16) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int s = 0; s < k; s++) {
+            const int slot = order[s];
+            const __m512 v = _mm512_mul_ps(load_bf16(ys + row[slot] * H + c),
+                                           _mm512_set1_ps(top[slot]));
+            acc = _mm512_add_ps(acc, round_bf16(v));
+        }
+        store_bf16(out + c, acc);
+    }
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+/* y (M, N) fp32 = x (M, K) bf16 times the packed W, transposed. Tiles 0-3 hold four blocks'
+ * sums (rows x 16 fp32), tile 4 a (rows x 32) slice of x, tiles 5 and 6 (16 pairs x 16 x 2)
+ * slices of the blocks. K is a multiple of 32, N of 16. */
+static AMX void matmul(const uint16_t *x, int M, int K, const uint16_t *wp, int N, float *y) {
+    const size_t block = (size_t)K * NB;  /* elements per packed block */
+    const int blocks = N / NB;
+    for (int m0 = 0; m0 < M; m0 += 16) {
+        const int rows = M - m0 < 16 ? M - m0 : 16;
+        TileConfig cfg = {0};
+        cfg.palette = 1;
+        for (int t = 0; t < 7; t++) {
+            cfg.colsb[t] = 64;
+            cfg.rows[t] = t < 5 ? rows : 16;
+        }
+        _tile_loadconfig(&cfg);
+        const uint16_t *xr = x + (size_t)m0 * K;
+        float *yr = y + (size_t)m0 * N;
+        int b0 = 0;
+        for (; b0 + 4 <= blocks; b0 += 4) {
+            const uint16_t *wb = wp + (size_t)b0 * block;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int k = 0; k < K; k += KB) {
+                const uint16_t *w = wb + (size_t)k * NB;
+                _tile_loadd(4, xr + k, K * 2);
+                _tile_loadd(5, w, 64);
+                _tile_dpbf16ps(0, 4, 5);
+                _tile_loadd(6, w + block, 64);
+                _tile_dpbf16ps(1, 4, 6);
+                _tile_loadd(5, w + 2 * block, 64);
+                _tile_dpbf16ps(2, 4, 5);
+                _tile_loadd(6, w + 3 * block, 64);
+                _tile_dpbf16ps(3, 4, 6);
+            }
+            float *yb = yr + (size_t)b0 * NB;
+            _tile_stored(0, yb, N * 4);
+            _tile_stored(1, yb + NB, N * 4);
+            _tile_stored(2, yb + 2 * NB, N * 4);
+            _tile_stored(3, yb + 3 * NB, N * 4);
+        }
+        for (; b0 < blocks; b0++) {
+            const uint16_t *wb = wp + (size_t)b0 * block;
+            _tile_zero(0);
+            for (int k = 0; k < K; k += KB) {
+                _tile_loadd(4, xr + k, K * 2);
+                _tile_loadd(5, wb + (size_t)k * NB, 64);
+                _tile_dpbf16ps(0, 4, 5);
+            }
+            _tile_stored(0, yr + (size_t)b0 * NB, N * 4);
+        }
+    }
+    _tile_release();
+}
+
+/* AMX-TILE and AMX-BF16 in CPUID, and Linux's leave to use tile data (asked once per process;
+ * oneDNN in torch asks the same). */
+static int amx_available(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!((d >> 22) & 1) || !((d >> 24) & 1) || !((b >> 16) & 1)) return 0;  /* + AVX-512F */
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+}
+#else
+#define HAVE_AMX 0
+static void matmul(const uint16_t *x, int M, int K, const uint16_t *wp, int N, float *y) {
+    (void)x; (void)M; (void)K; (void)wp; (void)N; (void)y;
+}
+static void silu_mul(const float *gu, int I, uint16_t *h) { (void)gu; (void)I; (void)h; }
+static void to_bf16(const float *y, size_t n, uint16_t *out) { (void)y; (void)n; (void)out; }
+static void combine(const uint16_t *ys, const int64_t *row, const int64_t *ids,
+                    const float *top, int k, int H, uint16_t *out) {
+    (void)ys; (void)row; (void)ids; (void)top; (void)k; (void)H; (void)out;
+}
+static int amx_available(void) { return 0; }
+#endif
+
+typedef struct {
+    const uint16_t *xs;              /* (pairs, H) bf16: the tokens' rows grouped by expert */
+    uint16_t *ys;                    /* (pairs, H) bf16: each expert's output for them */
+    const int64_t *counts, *starts;  /* rows per expert, and each expert's first row */
+    const uint16_t *gate_up, *down;  /* packed, (E, 2I/16, H/2, 16, 2) and (E, H/16, I/2, 16, 2) */
+    int H, I, first, last;           /* this worker's experts: first..last-1 */
+    int failed;
+} Work;
+
+/* The experts first..last-1 of `w`, one after another. */
+static void run_experts(Work *w) {
+    const int H = w->H, I = w->I;
+    for (int e = w->first; e < w->last; e++) {
+        const int n = (int)w->counts[e];
+        if (n == 0) continue;
+        float *gu = malloc(sizeof(float) * (size_t)n * (2 * I + H) + 2 * (size_t)n * I);
+        if (gu == NULL) {
+            w->failed = 1;
+            return;
+        }
+        float *y = gu + (size_t)n * 2 * I;
+        uint16_t *h = (uint16_t *)(y + (size_t)n * H);
+        matmul(w->xs + (size_t)w->starts[e] * H, n, H, w->gate_up + (size_t)e * 2 * I * H,
+               2 * I, gu);
+        for (int r = 0; r < n; r++) silu_mul(gu + (size_t)r * 2 * I, I, h + (size_t)r * I);
+        matmul(h, n, I, w->down + (size_t)e * H * I, H, y);
+        to_bf16(y, (size_t)n * H, w->ys + (size_t)w->starts[e] * H);
+        free(gu);
+    }
+}
+
+#define MAX_THREADS 64
+static int amx = -1;  /* unknown until asked */
+
+static int supported_now(void) {
+    if (amx < 0) amx = amx_available();
+    return amx;
+}
+
+/* moe(x, tokens, ids, top, k, out, n_experts, gate_up, down, hidden, intermediate, threads),
+ * every array as its address: x and out (tokens, H) bf16, ids (tokens, k) int64 experts, top
+ * (tokens, k) fp32 gate weights. As fused_moe's torch path: the (token, slot) pairs sorted by
+ * expert (stably), each expert over its rows, each output times its gate weight (rounded to
+ * bf16), then summed per token in expert order in fp32 and rounded once. The threads split the experts that have rows into runs of
+ * about as many experts each: reading an expert's weights, not its few rows, is the cost. */
+static PyObject *moe(PyObject *self, PyObject *args) {
+    unsigned long long x_p, ids_p, top_p, out_p, gate_up, down;
+    int tokens, k, n_experts, H, I, threads;
+    if (!PyArg_ParseTuple(args, "KiKKiKiKKiii", &x_p, &tokens, &ids_p, &top_p, &k, &out_p,
+                          &n_experts, &gate_up, &down, &H, &I, &threads))
+        return NULL;
+    if (!supported_now()) {
+        PyErr_SetString(PyExc_RuntimeError, "this CPU or kernel gives no AMX-BF16: use the "
+                        "oneDNN path");
+        return NULL;
+    }
+    if (H % KB || I % KB || n_experts < 1 || k < 1 || k > n_experts || k > 64 || tokens < 0) {
+        PyErr_Format(PyExc_ValueError, "hidden %d and intermediate %d must be multiples of %d, "
+                     "and 1 <= top-k %d <= experts %d", H, I, KB, k, n_experts);
+        return NULL;
+    }
+    const uint16_t *x = (const uint16_t *)(uintptr_t)x_p;
+    const int64_t *ids = (const int64_t *)(uintptr_t)ids_p;
+    const float *top = (const float *)(uintptr_t)top_p;
+    uint16_t *out = (uint16_t *)(uintptr_t)out_p;
+    const size_t pairs = (size_t)tokens * k;
+    for (size_t i = 0; i < pairs; i++)
+        if (ids[i] < 0 || ids[i] >= n_experts) {
+            PyErr_Format(PyExc_ValueError, "expert id %lld out of range (%d experts)",
+                         (long long)ids[i], n_experts);
+            return NULL;
+        }
+    int64_t *counts = calloc(3 * (size_t)n_experts + pairs, sizeof(int64_t));
+    uint16_t *xs = malloc(2 * pairs * H * sizeof(uint16_t) + 1);
+    if (counts == NULL || xs == NULL) {
+        free(counts);
+        free(xs);
+        return PyErr_NoMemory();
+    }
+    int64_t *starts = counts + n_experts, *fill = starts + n_experts;
+    int64_t *row = fill + n_experts;  /* pair -> its row among the sorted pairs */
+    uint16_t *ys = xs + pairs * H;
+    for (size_t i = 0; i < pairs; i++) counts[ids[i]]++;
+    int hit = 0;
+    for (int e = 0, s = 0; e < n_experts; s += (int)counts[e], e++) {
+        starts[e] = s;
+        hit += counts[e] > 0;
+    }
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads > hit) threads = hit;
+    if (threads < 1) threads = 1;
+    Work work[MAX_THREADS];
+    for (int t = 0, e = 0; t < threads; t++) {
+        int want = hit * (t + 1) / threads - hit * t / threads, got = 0, first = e;
+        while (e < n_experts && (got < want || t == threads - 1)) got += counts[e++] > 0;
+        work[t] = (Work){xs, ys, counts, starts, (const uint16_t *)(uintptr_t)gate_up,
+                         (const uint16_t *)(uintptr_t)down, H, I, first, e, 0};
+    }
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (size_t i = 0; i < pairs; i++) {  /* fill: the rows each expert has taken so far */
+        row[i] = starts[ids[i]] + fill[ids[i]]++;
+        memcpy(xs + row[i] * H, x + (i / k) * H, (size_t)H * sizeof(uint16_t));
+    }
+#pragma omp parallel num_threads(threads)
+    for (int t = omp_get_thread_num(); t < threads; t += omp_get_num_threads())
+        run_experts(&work[t]);
+    for (int t = 0; t < threads; t++) failed |= work[t].failed;
+    if (!failed) {
+#pragma omp parallel for num_threads(threads)
+        for (int t = 0; t < tokens; t++)
+            combine(ys, row + (size_t)t * k, ids + (size_t)t * k, top + (size_t)t * k, k, H,
+                    out + (size_t)t * H);
+    }
+    Py_END_ALLOW_THREADS
+    free(counts);
+    free(xs);
+    if (failed) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *supported(PyObject *self, PyObject *args) {
+    return PyBool_FromLong(supported_now());
+}
+
+static PyMethodDef methods[] = {
+    {"moe", moe, METH_VARARGS,
+     "moe(x, tokens, ids, top, k, out, n_experts, gate_up, down, hidden, intermediate, "
+     "threads)"},
+    {"supported", supported, METH_NOARGS, "whether this process can run the kernel (AMX-BF16)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_moe_native", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__moe_native(void) { return PyModule_Create(&module); }
