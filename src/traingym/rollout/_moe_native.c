@@ -121,58 +121,65 @@ typedef struct {
     uint8_t rows[16];
 } TileConfig;
 
+static AMX void configure(int rows) {
+    TileConfig cfg = {0};
+    cfg.palette = 1;
+    for (int t = 0; t < 7; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = t < 5 ? rows : 16;
+    }
+    _tile_loadconfig(&cfg);
+}
+
 /* y (M, N) fp32 = x (M, K) bf16 times the packed W, transposed. Tiles 0-3 hold four blocks'
  * sums (rows x 16 fp32), tile 4 a (rows x 32) slice of x, tiles 5 and 6 (16 pairs x 16 x 2)
- * slices of the blocks. K is a multiple of 32, N of 16. */
+ * slices of the blocks. K is a multiple of 32, N of 16. Each group of blocks is read from
+ * memory once: every 16 rows of x pass over it while it sits in cache. */
 static AMX void matmul(const uint16_t *x, int M, int K, const uint16_t *wp, int N, float *y) {
     const size_t block = (size_t)K * NB;  /* elements per packed block */
     const int blocks = N / NB;
-    for (int m0 = 0; m0 < M; m0 += 16) {
-        const int rows = M - m0 < 16 ? M - m0 : 16;
-        TileConfig cfg = {0};
-        cfg.palette = 1;
-        for (int t = 0; t < 7; t++) {
-            cfg.colsb[t] = 64;
-            cfg.rows[t] = t < 5 ? rows : 16;
-        }
-        _tile_loadconfig(&cfg);
-        const uint16_t *xr = x + (size_t)m0 * K;
-        float *yr = y + (size_t)m0 * N;
-        int b0 = 0;
-        for (; b0 + 4 <= blocks; b0 += 4) {
-            const uint16_t *wb = wp + (size_t)b0 * block;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            for (int k = 0; k < K; k += KB) {
-                const uint16_t *w = wb + (size_t)k * NB;
-                _tile_loadd(4, xr + k, K * 2);
-                _tile_loadd(5, w, 64);
-                _tile_dpbf16ps(0, 4, 5);
-                _tile_loadd(6, w + block, 64);
-                _tile_dpbf16ps(1, 4, 6);
-                _tile_loadd(5, w + 2 * block, 64);
-                _tile_dpbf16ps(2, 4, 5);
-                _tile_loadd(6, w + 3 * block, 64);
-                _tile_dpbf16ps(3, 4, 6);
+    int configured = 0;
+    for (int b0 = 0; b0 < blocks;) {
+        const int four = blocks - b0 >= 4;  /* else a tail of 1-3 blocks, one at a time */
+        const uint16_t *wb = wp + (size_t)b0 * block;
+        for (int m0 = 0; m0 < M; m0 += 16) {
+            const int rows = M - m0 < 16 ? M - m0 : 16;
+            if (rows != configured) {
+                configure(rows);
+                configured = rows;
             }
-            float *yb = yr + (size_t)b0 * NB;
+            const uint16_t *xr = x + (size_t)m0 * K;
+            float *yb = y + (size_t)m0 * N + (size_t)b0 * NB;
+            _tile_zero(0);
+            if (four) {
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                for (int k = 0; k < K; k += KB) {
+                    const uint16_t *w = wb + (size_t)k * NB;
+                    _tile_loadd(4, xr + k, K * 2);
+                    _tile_loadd(5, w, 64);
+                    _tile_dpbf16ps(0, 4, 5);
+                    _tile_loadd(6, w + block, 64);
+                    _tile_dpbf16ps(1, 4, 6);
+                    _tile_loadd(5, w + 2 * block, 64);
+                    _tile_dpbf16ps(2, 4, 5);
+                    _tile_loadd(6, w + 3 * block, 64);
+                    _tile_dpbf16ps(3, 4, 6);
+                }
+                _tile_stored(1, yb + NB, N * 4);
+                _tile_stored(2, yb + 2 * NB, N * 4);
+                _tile_stored(3, yb + 3 * NB, N * 4);
+            } else {
+                for (int k = 0; k < K; k += KB) {
+                    _tile_loadd(4, xr + k, K * 2);
+                    _tile_loadd(5, wb + (size_t)k * NB, 64);
+                    _tile_dpbf16ps(0, 4, 5);
+                }
+            }
             _tile_stored(0, yb, N * 4);
-            _tile_stored(1, yb + NB, N * 4);
-            _tile_stored(2, yb + 2 * NB, N * 4);
-            _tile_stored(3, yb + 3 * NB, N * 4);
         }
-        for (; b0 < blocks; b0++) {
-            const uint16_t *wb = wp + (size_t)b0 * block;
-            _tile_zero(0);
-            for (int k = 0; k < K; k += KB) {
-                _tile_loadd(4, xr + k, K * 2);
-                _tile_loadd(5, wb + (size_t)k * NB, 64);
-                _tile_dpbf16ps(0, 4, 5);
-            }
-            _tile_stored(0, yr + (size_t)b0 * NB, N * 4);
-        }
+        b0 += four ? 4 : 1;
     }
     _tile_release();
 }

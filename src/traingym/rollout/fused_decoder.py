@@ -93,8 +93,8 @@ class _Layer(NamedTuple):
     gu_b: torch.Tensor | None
     down_w: torch.Tensor
     down_b: torch.Tensor | None
-    q_norm: torch.Tensor | None  # Qwen3, Gemma 3: RMSNorm over each head
-    k_norm: torch.Tensor | None
+    qk_norm: torch.Tensor | None  # Qwen3, Gemma 3: RMSNorm over each head, (H + KV, 1, D):
+    # q_norm's weight for the query heads, k_norm's for the key heads (one call for both)
     post_attn: torch.Tensor | None  # Gemma 2/3 sandwich norms, on the sublayers' outputs
     post_ff: torch.Tensor | None
     window: int | None  # sliding window, None: full attention
@@ -151,6 +151,10 @@ class FusedDecoder:
         """Llama: the weight as is; Gemma: (1 + w) in fp32, as Gemma's RMSNorm multiplies."""
         return 1.0 + module.weight.float() if self.gemma_norm else module.weight
 
+    def _qk_norm(self, q_w: torch.Tensor, k_w: torch.Tensor) -> torch.Tensor:
+        D = self.head_dim
+        return torch.cat([q_w.expand(self.n_heads, D), k_w.expand(self.n_kv, D)])[:, None, :]
+
     def release(self) -> None:
         """Drop the fused and pre-packed weights (a second copy of the model where packing
         pays) until the next `refresh`; a prefill or decode before then refreshes first."""
@@ -190,8 +194,7 @@ class FusedDecoder:
                 pre(a.o_proj.weight), a.o_proj.bias,
                 nw(layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm),
                 gu_w, gu_b, down_w, down_b,
-                nw(q_norm) if q_norm is not None else None,
-                nw(a.k_norm) if q_norm is not None else None,
+                self._qk_norm(nw(q_norm), nw(a.k_norm)) if q_norm is not None else None,
                 nw(layer.post_attention_layernorm) if sandwich else None,
                 nw(layer.post_feedforward_layernorm) if sandwich else None,
                 self.windows[i], self.layer_ropes[i], float(a.scaling),
@@ -297,22 +300,22 @@ class FusedDecoder:
         ropes = self._rope(pos_B_T, h.dtype)
         end = start + T if isinstance(start, int) else None
         routes = []  # the experts each MoE layer chose, (B*T, k)
-        for (ln1, qkv_w, qkv_b, o_w, o_b, ln2, gu_w, gu_b, down_w, down_b, q_norm, k_norm,
+        for (ln1, qkv_w, qkv_b, o_w, o_b, ln2, gu_w, gu_b, down_w, down_b, qk_norm,
              post_attn, post_ff, window, rope, scale, softcap, sparse), (k_cache, v_cache) in zip(
                 self.layers, cache):
             qkv = linear(rms(h, ln1), qkv_w, qkv_b).view(B, T, H + 2 * KV, D).transpose(1, 2)
-            q, k, v = qkv[:, :H], qkv[:, H : H + KV], qkv[:, H + KV :]
-            if q_norm is not None:
-                q, k = rms(q, q_norm), rms(k, k_norm)
-            cos, sin = ropes[rope]
+            qk, v = qkv[:, : H + KV], qkv[:, H + KV :]  # queries and keys: one norm, one RoPE
+            if qk_norm is not None:
+                qk = rms(qk, qk_norm)
+            qk = rotate(qk, *ropes[rope])
+            q, k = qk[:, :H], qk[:, H:]
             if isinstance(start, torch.Tensor):  # one token per row, each at its own slot
                 rows_B = torch.arange(B, device=h.device)
-                k_cache[rows_B, :, start] = rotate(k, cos, sin)[:, :, 0]
+                k_cache[rows_B, :, start] = k[:, :, 0]
                 v_cache[rows_B, :, start] = v[:, :, 0]
             else:
-                k_cache[:, :, start:end] = rotate(k, cos, sin)
+                k_cache[:, :, start:end] = k
                 v_cache[:, :, start:end] = v
-            q = rotate(q, cos, sin)
             mask = masks[window]
             if T == 1 and mask.shape[-1] == k_cache.shape[2]:
                 # a decode step: over the whole (contiguous) cache, unfilled slots masked out
