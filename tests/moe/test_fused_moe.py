@@ -2,7 +2,7 @@
 and training checks of tests/models/test_families.py: the block's output and chosen experts
 equal HF's sparse MoE block's, in fp32, for both families; continuous batching (serve's
 StepDecoder) runs on it; the fused path records no routes when not asked to; and the AMX
-kernel (rollout/_moe_native.c) gives the expert loop's bits at decode sizes, in a bf16 engine
+kernel (rollout/amx.py) gives the expert loop's bits at decode sizes, in a bf16 engine
 too."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from prereq import missing
 from traingym.core.types import GenerationRequest, SamplingParams
 from traingym.rollout import fused_moe
 from traingym.rollout.fused_decoder import FusedDecoder
-from traingym.rollout.fused_moe import MoeWeights, is_sparse, moe_mlp, moe_weights, pack
+from traingym.rollout import amx
+from traingym.rollout.fused_moe import MoeWeights, is_sparse, moe_mlp, moe_weights
 from traingym.rollout.torch_engine import TorchEngine
 
 
@@ -51,19 +52,19 @@ def test_step_decoder_runs_on_the_fused_moe_path():
 
 
 def _kernel():
-    if fused_moe.native is None:
-        missing("the MoE kernel is not built (traingym/rollout/_moe_native.c: `pip install -e .` "
-                "builds it where a C compiler is found)")
-    if not fused_moe.native.supported():
-        pytest.skip("this CPU (or its kernel) gives no AMX-BF16: the MoE kernel does not run")
+    if amx.lib is None:
+        missing("the AMX kernels are not built (traingym/rollout/_amx.c: `pip install -e .` "
+                "builds them where a C compiler is found)")
+    if not amx.runs():
+        pytest.skip("this CPU (or its kernel) gives no AMX-BF16: the AMX kernels do not run")
 
 
-def _experts(H, I, E, seed=0):
+def _experts(hidden, inter, E, seed=0):
     g = torch.Generator().manual_seed(seed)
-    gate_up = (torch.randn(E, 2 * I, H, generator=g) * H ** -0.5).bfloat16()
-    down = (torch.randn(E, H, I, generator=g) * I ** -0.5).bfloat16()
+    gate_up = (torch.randn(E, 2 * inter, hidden, generator=g) * hidden ** -0.5).bfloat16()
+    down = (torch.randn(E, hidden, inter, generator=g) * inter ** -0.5).bfloat16()
     loop = MoeWeights(None, E, tuple(gate_up), tuple(down), 2, True, torch.bfloat16)
-    return loop, loop._replace(gate_up=(), down=(), packed=(pack(gate_up), pack(down)))
+    return loop, loop._replace(gate_up=(), down=(), packed=(amx.pack(gate_up), amx.pack(down)))
 
 
 def _routed(tokens, H, E, k, gate_dtype, seed=1):
@@ -74,17 +75,17 @@ def _routed(tokens, H, E, k, gate_dtype, seed=1):
 
 
 @pytest.mark.parametrize("gate_dtype", [torch.bfloat16, torch.float32])  # Qwen3-MoE, Mixtral
-@pytest.mark.parametrize("H,I,tokens", [(64, 32, 7), (96, 96, 60), (768, 384, 16)])
-def test_kernel_gives_the_expert_loops_bits(H, I, tokens, gate_dtype):
+@pytest.mark.parametrize("hidden,inter,tokens", [(64, 32, 7), (96, 96, 60), (768, 384, 16)])
+def test_kernel_gives_the_expert_loops_bits(hidden, inter, tokens, gate_dtype):
     """Experts with no rows, one row and several, a block count that is not a multiple of four
     (96 / 16), the benchmark's shape (768, 384: 32 experts, top-4)."""
     _kernel()
-    E, k = (32, 4) if H == 768 else (8, 2)
-    loop, packed = _experts(H, I, E)
-    x, ids, top = _routed(tokens, H, E, k, gate_dtype)
+    E, k = (32, 4) if hidden == 768 else (8, 2)
+    loop, packed = _experts(hidden, inter, E)
+    x, ids, top = _routed(tokens, hidden, E, k, gate_dtype)
     loop, packed = loop._replace(top_k=k), packed._replace(top_k=k)
     want = fused_moe._looped_experts(x, ids, top, loop, F.silu, F.linear)
-    assert torch.equal(fused_moe._kernel_experts(x, ids, top, packed), want)
+    assert torch.equal(amx.moe(x, ids, top, *packed.packed), want)
 
 
 def test_kernel_above_32_rows_an_expert_rounds_a_few_elements_differently():
@@ -95,7 +96,7 @@ def test_kernel_above_32_rows_an_expert_rounds_a_few_elements_differently():
     x, _, _ = _routed(200, 768, 4, 1, torch.float32)
     ids, top = torch.zeros(200, 1, dtype=torch.long), torch.ones(200, 1)
     want = fused_moe._looped_experts(x, ids, top, loop._replace(top_k=1), F.silu, F.linear)
-    got = fused_moe._kernel_experts(x, ids, top, packed._replace(top_k=1))
+    got = amx.moe(x, ids, top, *packed.packed)
     assert (got != want).float().mean() < 1e-2
     torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -6, atol=1e-3)
 
@@ -105,7 +106,7 @@ def test_kernel_refuses_an_expert_id_out_of_range():
     _, packed = _experts(64, 32, 8)
     x, ids, top = _routed(3, 64, 8, 2, torch.float32)
     with pytest.raises(ValueError, match="expert id 8 out of range"):
-        fused_moe._kernel_experts(x, ids.masked_fill(ids == ids[0, 0], 8), top, packed)
+        amx.moe(x, ids.masked_fill(ids == ids[0, 0], 8), top, *packed.packed)
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
@@ -118,7 +119,7 @@ def test_bf16_decoder_on_the_kernel_equals_it_on_the_loop(family, monkeypatch):
     on = FusedDecoder(model)
     assert all(layer.moe.packed is not None for layer in on.layers)
     with monkeypatch.context() as m:
-        m.setattr(fused_moe, "native", None)
+        m.setattr(fused_moe.amx, "lib", None)
         off = FusedDecoder(model)
     assert all(layer.moe.packed is None for layer in off.layers)
     ids = torch.randint(3, 400, (4, 9), generator=torch.Generator().manual_seed(0))

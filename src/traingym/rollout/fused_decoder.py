@@ -7,6 +7,9 @@ Weights are views of the HF model's tensors, rebuilt by `refresh`; on a CPU with
 pre-packed once per refresh: a plain bf16 `F.linear` reorders the weight on every call (same
 kernel, bitwise-identical results), and in fp32 oneDNN's packed kernel beats MKL's at decode
 batch sizes (a second copy of the weights; results round differently from F.linear's, ~1e-6).
+bf16 weights on a CPU with AMX go to rollout/amx.py's kernel instead (in-features a multiple of
+32): no fixed cost per call, and each row gets the bits oneDNN gives it alone, whatever the
+batch (oneDNN's own sums change order above 32 rows, so there the two differ in rare elements).
 Covered: the families of models/families.py as transformers ships them (biases, tied embeddings,
 sliding windows as HF masks them, RoPE types fixed at load: default, linear, llama3, yarn);
 the sparse MoE blocks of Qwen3-MoE, Mixtral and Qwen2-MoE (rollout/fused_moe.py). With `routes`
@@ -27,6 +30,7 @@ import torch.nn.functional as F
 
 from traingym.models.families import covered_model_types, family_of, layer_windows
 from traingym.models.moe import route_dtype
+from traingym.rollout import amx
 from traingym.rollout.fused_moe import (MoeWeights, is_sparse, moe_mlp, moe_weights,
                                         unsupported_block)
 
@@ -139,10 +143,15 @@ class FusedDecoder:
         self.routes: list[torch.Tensor] | None = None  # a list: record each forward's routes
         self.refresh()
 
-    def _prepare(self, w: torch.Tensor) -> torch.Tensor:
+    def _prepare(self, w: torch.Tensor) -> torch.Tensor | amx.Packed:
+        if self.kernel and amx.fits(w.shape[1]):
+            return amx.pack(w)
         return torch.ops.mkldnn._reorder_linear_weight(w, 16) if self.packed else w
 
-    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None):
+    def _linear(self, x: torch.Tensor, w: torch.Tensor | amx.Packed,
+                b: torch.Tensor | None = None):
+        if isinstance(w, amx.Packed):
+            return amx.linear(x, w, b)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
         return F.linear(x, w, b)
@@ -172,6 +181,7 @@ class FusedDecoder:
         scale = getattr(emb, "embed_scale", None)  # Gemma: sqrt(hidden), in the weight dtype
         self.embed_scale = scale.to(self.embed.dtype) if scale is not None else None
         self.packed = packing_pays(self.embed)
+        self.kernel = (self.packed and self.embed.dtype == torch.bfloat16 and amx.runs())
         act = getattr(self.model.config, self.family.activation_attr)
         self.act = F.silu if act == "silu" else ACT2FN[act]
         pre, nw = self._prepare, self._norm_weight

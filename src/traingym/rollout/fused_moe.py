@@ -12,15 +12,14 @@ token in expert order, as HF's loop does. Qwen2-MoE's shared expert (a gated MLP
 token, times sigmoid(shared_expert_gate(x))) is added after the routed experts, as HF's block
 adds it. Each call returns the chosen ids, so the engine records routes.
 
-The routed experts run in one of two ways. Where the AMX kernel runs (`_moe_native.c`: bf16
+The routed experts run in one of two ways. Where the AMX kernel runs (rollout/amx.py: bf16
 weights, a SiLU family, hidden and intermediate sizes multiples of 32, a CPU with AMX-BF16 and
-the module built), every expert of a block is one C call with the GIL released, over a copy of
-the experts packed for it at `refresh` (`pack`); it gives the same bits as the other way
+the module built), all the experts of a block are one C call, over a copy of the experts packed
+for it at `refresh`; at decode sizes it gives the same bits as the other way
 (tests/moe/test_fused_moe.py). Otherwise a Python loop over the experts calls `linear` twice per
 expert with a token, over weights `prepare` made (the fused decoder's oneDNN pre-packing where it
 pays: a plain bf16 `F.linear` over a 3-D tensor's slice reorders that expert's weight on every
 call); that way a batch pays one host sync per MoE layer (the per-expert counts).
-TRAINGYM_NATIVE=0 turns the kernel off (as it does the delta codec's).
 Not covered: grouped or biased routers (DeepSeek-V3), router jitter (training only), expert
 parallelism, biases in the shared expert (`unsupported_block` refuses them; the engine then
 decodes with HF's forward).
@@ -28,18 +27,12 @@ decodes with HF's forward).
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-try:
-    from traingym.rollout import _moe_native as native
-except ImportError:  # built without a C compiler
-    native = None
-if os.environ.get("TRAINGYM_NATIVE", "1") == "0":
-    native = None
+from traingym.rollout import amx
 
 
 class MoeWeights(NamedTuple):
@@ -52,21 +45,7 @@ class MoeWeights(NamedTuple):
     gate_dtype: torch.dtype  # the dtype the model's router returns its gate weights in
     shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     # Qwen2-MoE's shared expert: (gate_proj, up_proj, down_proj, shared_expert_gate) weights
-    packed: tuple[torch.Tensor, torch.Tensor] | None = None  # gate_up, down for the AMX kernel
-
-
-def pack(w_E_N_K: torch.Tensor) -> torch.Tensor:
-    """Each expert's (N, K) as (N/16, K/2, 16, 2): the AMX kernel's layout (a copy)."""
-    E, N, K = w_E_N_K.shape
-    return w_E_N_K.reshape(E, N // 16, 16, K // 2, 2).transpose(2, 3).contiguous()
-
-
-def kernel_runs(experts, act) -> bool:
-    """Whether the AMX kernel computes these experts (see the module's docstring)."""
-    w = experts.gate_up_proj
-    return (native is not None and act is F.silu and w.dtype == torch.bfloat16
-            and w.device.type == "cpu" and w.shape[2] % 32 == 0
-            and experts.down_proj.shape[2] % 32 == 0 and native.supported())
+    packed: tuple[amx.Packed, amx.Packed] | None = None  # gate_up, down for the AMX kernel
 
 
 def is_sparse(mlp) -> bool:
@@ -76,6 +55,13 @@ def is_sparse(mlp) -> bool:
             and getattr(experts, "gate_up_proj", None) is not None
             and getattr(experts, "down_proj", None) is not None
             and experts.gate_up_proj.dim() == 3)
+
+
+def kernel_runs(experts, act) -> bool:
+    """Whether the AMX kernel computes these experts (see the module's docstring)."""
+    gate_up, down = experts.gate_up_proj, experts.down_proj
+    return (act is F.silu and gate_up.dtype == torch.bfloat16 and gate_up.device.type == "cpu"
+            and amx.fits(gate_up.shape[2]) and amx.fits(down.shape[2]) and amx.runs())
 
 
 def _same(w: torch.Tensor) -> torch.Tensor:
@@ -97,7 +83,7 @@ def moe_weights(mlp, prepare=_same, act=None) -> MoeWeights:
     experts = mlp.experts
     if kernel_runs(experts, act):
         gate_up, down = (), ()
-        packed = pack(experts.gate_up_proj), pack(experts.down_proj)
+        packed = amx.pack(experts.gate_up_proj), amx.pack(experts.down_proj)
     else:
         gate_up = tuple(prepare(w) for w in experts.gate_up_proj)
         down = tuple(prepare(w) for w in experts.down_proj)
@@ -132,7 +118,7 @@ def moe_mlp(x_B_T_H: torch.Tensor, w: MoeWeights, act,
         top_N_K = top_N_K / top_N_K.sum(-1, keepdim=True)
     top_N_K = top_N_K.to(w.gate_dtype)
     if w.packed is not None:
-        out_N_H = _kernel_experts(x_N_H, ids_N_K, top_N_K, w)
+        out_N_H = amx.moe(x_N_H, ids_N_K, top_N_K, *w.packed)
     else:
         out_N_H = _looped_experts(x_N_H, ids_N_K, top_N_K, w, act, linear)
     if w.shared is not None:  # HF: routed + sigmoid(gate(x)) * shared_expert(x)
@@ -159,15 +145,3 @@ def _looped_experts(x_N_H, ids_N_K, top_N_K, w: MoeWeights, act, linear) -> torc
     y = torch.cat(outs) * top_N_K.reshape(-1)[order, None]
     return torch.zeros_like(x_N_H).index_add_(0, token, y.to(x_N_H.dtype))
 
-
-def _kernel_experts(x_N_H, ids_N_K, top_N_K, w: MoeWeights) -> torch.Tensor:
-    """The same in one call of the AMX kernel (the gate weights passed as fp32: exact for
-    bf16 ones)."""
-    x_N_H, ids_N_K = x_N_H.contiguous(), ids_N_K.contiguous()
-    top_N_K = top_N_K.float().contiguous()
-    out_N_H = torch.empty_like(x_N_H)
-    gate_up, down = w.packed
-    native.moe(x_N_H.data_ptr(), x_N_H.shape[0], ids_N_K.data_ptr(), top_N_K.data_ptr(),
-               w.top_k, out_N_H.data_ptr(), w.n_experts, gate_up.data_ptr(), down.data_ptr(),
-               x_N_H.shape[1], down.shape[2] * 2, torch.get_num_threads())
-    return out_N_H

@@ -57,6 +57,11 @@ static AVX512 inline void store_bf16(uint16_t *p, __m512 f) {
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(bf16_bits(f)));
 }
 
+static AVX512 inline __m512 load_bf16(const uint16_t *p) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 /* e^x to about one ulp: x = n ln2 + r with |r| <= ln2/2 (ln2 in two parts), e^r by its Taylor
  * series to r^7 (the next term is below 1e-8 relative), times 2^n. */
 static AVX512 inline __m512 exp_ps(__m512 x) {
@@ -87,9 +92,30 @@ static AVX512 void to_bf16(const float *y, size_t n, uint16_t *out) {
     for (size_t i = 0; i < n; i += 16) store_bf16(out + i, _mm512_loadu_ps(y + i));
 }
 
-static AVX512 inline __m512 load_bf16(const uint16_t *p) {
-    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+/* out[c] = bf16(y[c] + bias[c]) for columns c0..c1-1 of one row (bias bf16, or NULL). */
+static AVX512 void row_to_bf16(const float *y, const uint16_t *bias, int c0, int c1,
+                               uint16_t *out) {
+    int c = c0;
+    for (; c + 16 <= c1; c += 16) {
+        __m512 v = _mm512_loadu_ps(y + c);
+        if (bias != NULL) v = _mm512_add_ps(v, load_bf16(bias + c));
+        store_bf16(out + c, v);
+    }
+    if (c < c1) {  /* the last columns of an N that is not a multiple of 16 */
+        float yt[16] = {0}, bt[16] = {0};
+        uint16_t ot[16];
+        memcpy(yt, y + c, sizeof(float) * (c1 - c));
+        __m512 v = _mm512_loadu_ps(yt);
+        if (bias != NULL) {
+            for (int i = 0; i < c1 - c; i++) {
+                uint32_t u = (uint32_t)bias[c + i] << 16;
+                memcpy(bt + i, &u, 4);
+            }
+            v = _mm512_add_ps(v, _mm512_loadu_ps(bt));
+        }
+        store_bf16(ot, v);
+        memcpy(out + c, ot, sizeof(uint16_t) * (c1 - c));
+    }
 }
 
 /* One token's output row: its k experts' rows (at rows `row` of ys), in increasing expert id,
@@ -131,16 +157,17 @@ static AMX void configure(int rows) {
     _tile_loadconfig(&cfg);
 }
 
-/* y (M, N) fp32 = x (M, K) bf16 times the packed W, transposed. Tiles 0-3 hold four blocks'
- * sums (rows x 16 fp32), tile 4 a (rows x 32) slice of x, tiles 5 and 6 (16 pairs x 16 x 2)
- * slices of the blocks. K is a multiple of 32, N of 16. Each group of blocks is read from
- * memory once: every 16 rows of x pass over it while it sits in cache. */
-static AMX void matmul(const uint16_t *x, int M, int K, const uint16_t *wp, int N, float *y) {
+/* Columns 16 first .. 16 last - 1 of y (M, N) fp32 = x (M, K) bf16 times the packed W,
+ * transposed: its blocks first..last-1. Tiles 0-3 hold four blocks' sums (rows x 16 fp32),
+ * tile 4 a (rows x 32) slice of x, tiles 5 and 6 (16 pairs x 16 x 2) slices of the blocks. K is
+ * a multiple of 32, N of 16. Each group of blocks is read from memory once: every 16 rows of x
+ * pass over it while it sits in cache. */
+static AMX void matmul(const uint16_t *x, int M, int K, const uint16_t *wp, int N, float *y,
+                       int first, int last) {
     const size_t block = (size_t)K * NB;  /* elements per packed block */
-    const int blocks = N / NB;
     int configured = 0;
-    for (int b0 = 0; b0 < blocks;) {
-        const int four = blocks - b0 >= 4;  /* else a tail of 1-3 blocks, one at a time */
+    for (int b0 = first; b0 < last;) {
+        const int four = last - b0 >= 4;  /* else a tail of 1-3 blocks, one at a time */
         const uint16_t *wb = wp + (size_t)b0 * block;
         for (int m0 = 0; m0 < M; m0 += 16) {
             const int rows = M - m0 < 16 ? M - m0 : 16;
@@ -194,14 +221,18 @@ static int amx_available(void) {
 }
 #else
 #define HAVE_AMX 0
-static void matmul(const uint16_t *x, int M, int K, const uint16_t *wp, int N, float *y) {
-    (void)x; (void)M; (void)K; (void)wp; (void)N; (void)y;
+static void matmul(const uint16_t *x, int M, int K, const uint16_t *wp, int N, float *y,
+                   int first, int last) {
+    (void)x; (void)M; (void)K; (void)wp; (void)N; (void)y; (void)first; (void)last;
 }
 static void silu_mul(const float *gu, int I, uint16_t *h) { (void)gu; (void)I; (void)h; }
 static void to_bf16(const float *y, size_t n, uint16_t *out) { (void)y; (void)n; (void)out; }
 static void combine(const uint16_t *ys, const int64_t *row, const int64_t *ids,
                     const float *top, int k, int H, uint16_t *out) {
     (void)ys; (void)row; (void)ids; (void)top; (void)k; (void)H; (void)out;
+}
+static void row_to_bf16(const float *y, const uint16_t *bias, int c0, int c1, uint16_t *out) {
+    (void)y; (void)bias; (void)c0; (void)c1; (void)out;
 }
 static int amx_available(void) { return 0; }
 #endif
@@ -229,9 +260,9 @@ static void run_experts(Work *w) {
         float *y = gu + (size_t)n * 2 * I;
         uint16_t *h = (uint16_t *)(y + (size_t)n * H);
         matmul(w->xs + (size_t)w->starts[e] * H, n, H, w->gate_up + (size_t)e * 2 * I * H,
-               2 * I, gu);
+               2 * I, gu, 0, 2 * I / NB);
         for (int r = 0; r < n; r++) silu_mul(gu + (size_t)r * 2 * I, I, h + (size_t)r * I);
-        matmul(h, n, I, w->down + (size_t)e * H * I, H, y);
+        matmul(h, n, I, w->down + (size_t)e * H * I, H, y, 0, H / NB);
         to_bf16(y, (size_t)n * H, w->ys + (size_t)w->starts[e] * H);
         free(gu);
     }
@@ -327,6 +358,53 @@ static PyObject *moe(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* linear(x, rows, K, w, N, bias, out, threads), every array as its address (bias 0: none):
+ * out (rows, N) bf16 = bf16(x (rows, K) bf16 times W (N, K) transposed, plus bias), W packed as
+ * (ceil(N/16), K/2, 16, 2) with zero rows after the last (fused_moe.pack). The threads split
+ * the blocks of W. */
+static PyObject *linear(PyObject *self, PyObject *args) {
+    unsigned long long x_p, w_p, bias_p, out_p;
+    int rows, K, N, threads;
+    if (!PyArg_ParseTuple(args, "KiiKiKKi", &x_p, &rows, &K, &w_p, &N, &bias_p, &out_p,
+                          &threads))
+        return NULL;
+    if (!supported_now()) {
+        PyErr_SetString(PyExc_RuntimeError, "this CPU or kernel gives no AMX-BF16: use oneDNN");
+        return NULL;
+    }
+    if (K % KB || K < 1 || N < 1 || rows < 0) {
+        PyErr_Format(PyExc_ValueError, "in features %d must be a positive multiple of %d, out "
+                     "features %d positive", K, KB, N);
+        return NULL;
+    }
+    const int blocks = (N + NB - 1) / NB, ld = blocks * NB;
+    float *y = malloc(sizeof(float) * (size_t)rows * ld + 1);
+    if (y == NULL) return PyErr_NoMemory();
+    const uint16_t *x = (const uint16_t *)(uintptr_t)x_p, *w = (const uint16_t *)(uintptr_t)w_p;
+    const uint16_t *bias = (const uint16_t *)(uintptr_t)bias_p;
+    uint16_t *out = (uint16_t *)(uintptr_t)out_p;
+    const int groups = (blocks + 3) / 4;  /* threads take whole groups of four blocks */
+    if (threads > groups) threads = groups;
+    if (threads < 1) threads = 1;
+    Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel num_threads(threads)
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int first = 4 * (groups * t / nt);
+        int last = 4 * (groups * (t + 1) / nt);
+        if (last > blocks) last = blocks;
+        if (first < last) {
+            matmul(x, rows, K, w, ld, y, first, last);
+            const int c1 = last * NB < N ? last * NB : N;
+            for (int r = 0; r < rows; r++)
+                row_to_bf16(y + (size_t)r * ld, bias, first * NB, c1, out + (size_t)r * N);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(y);
+    Py_RETURN_NONE;
+}
+
 static PyObject *supported(PyObject *self, PyObject *args) {
     return PyBool_FromLong(supported_now());
 }
@@ -335,9 +413,10 @@ static PyMethodDef methods[] = {
     {"moe", moe, METH_VARARGS,
      "moe(x, tokens, ids, top, k, out, n_experts, gate_up, down, hidden, intermediate, "
      "threads)"},
+    {"linear", linear, METH_VARARGS, "linear(x, rows, K, w, N, bias, out, threads)"},
     {"supported", supported, METH_NOARGS, "whether this process can run the kernel (AMX-BF16)"},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_moe_native", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_amx", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__moe_native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__amx(void) { return PyModule_Create(&module); }

@@ -1,0 +1,80 @@
+"""The built-in engine's AMX kernels (_amx.c): bf16 linears and a sparse MoE block's routed
+experts, for the fused decoder (rollout/fused_decoder.py, rollout/fused_moe.py).
+
+Why: at decode batch sizes a bf16 matmul costs reading its weight once, but oneDNN's
+`_linear_pointwise` adds ~30 us of fixed cost per call on the machines this was built on, and
+a MoE block's Python loop over its experts adds its own. The kernels read weights packed for AMX
+(`pack`), run with the GIL released on torch's own OpenMP threads, and compute a MoE block's
+experts in one call. Where they run they give oneDNN's bits at decode sizes (tests/moe/
+test_fused_moe.py, tests/models/test_families.py).
+
+`runs()`: the module was built (setup.py; skipped where no C compiler is found), the CPU has
+AMX-BF16 and Linux grants tile data, and TRAINGYM_NATIVE is not "0". Elsewhere the fused decoder
+keeps its oneDNN path.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+try:
+    from traingym.rollout import _amx as lib
+except ImportError:  # built without a C compiler
+    lib = None
+if os.environ.get("TRAINGYM_NATIVE", "1") == "0":
+    lib = None
+
+
+def runs() -> bool:
+    return lib is not None and lib.supported()
+
+
+def fits(in_features: int) -> bool:
+    """The kernels take in-features in multiples of 32 (any out-features)."""
+    return in_features % 32 == 0
+
+
+class Packed(NamedTuple):
+    data: torch.Tensor  # (..., ceil(N/16), K/2, 16, 2) bf16
+    out_features: int
+    in_features: int
+
+
+def pack(w: torch.Tensor) -> Packed:
+    """A bf16 weight (..., N, K) in the kernels' layout: each block of 16 output rows one
+    contiguous run of K/2 pairs x 16 x 2 (the layout AMX reads), zero rows after the last (a
+    copy)."""
+    *lead, N, K = w.shape
+    pad = -N % 16
+    if pad:
+        w = F.pad(w, (0, 0, 0, pad))
+    data = w.reshape(*lead, (N + pad) // 16, 16, K // 2, 2).transpose(-3, -2).contiguous()
+    return Packed(data, N, K)
+
+
+def linear(x: torch.Tensor, w: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """bf16(x W^T + bias) for bf16 x (..., K)."""
+    x = x.contiguous()
+    out = x.new_empty(*x.shape[:-1], w.out_features)
+    lib.linear(x.data_ptr(), x.numel() // w.in_features, w.in_features, w.data.data_ptr(),
+               w.out_features, 0 if bias is None else bias.contiguous().data_ptr(),
+               out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def moe(x_N_H: torch.Tensor, ids_N_K: torch.Tensor, top_N_K: torch.Tensor, gate_up: Packed,
+        down: Packed) -> torch.Tensor:
+    """A MoE block's routed experts, as fused_moe's expert loop computes them: x (N, H) bf16,
+    ids (N, k) the chosen experts, top (N, k) their gate weights (passed as fp32: exact for
+    bf16 ones); gate_up and down packed (E, 2I, H) and (E, H, I)."""
+    x_N_H, ids_N_K = x_N_H.contiguous(), ids_N_K.contiguous()
+    top_N_K = top_N_K.float().contiguous()
+    out_N_H = torch.empty_like(x_N_H)
+    lib.moe(x_N_H.data_ptr(), x_N_H.shape[0], ids_N_K.data_ptr(), top_N_K.data_ptr(),
+            ids_N_K.shape[1], out_N_H.data_ptr(), gate_up.data.shape[0], gate_up.data.data_ptr(),
+            down.data.data_ptr(), down.out_features, down.in_features, torch.get_num_threads())
+    return out_N_H

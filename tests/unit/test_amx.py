@@ -1,0 +1,60 @@
+"""The AMX kernels' linear (rollout/amx.py, _amx.c): oneDNN's bits at decode sizes, with and
+without a bias and for out-features that are not a multiple of 16; each row's bits the same
+whatever the batch; close to oneDNN above 32 rows, where oneDNN's own sums change order; bad
+shapes refused. The MoE entry is tested in tests/moe/test_fused_moe.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from prereq import missing
+
+from traingym.rollout import amx
+
+
+@pytest.fixture(autouse=True)
+def _kernel():
+    if amx.lib is None:
+        missing("the AMX kernels are not built (traingym/rollout/_amx.c: `pip install -e .` "
+                "builds them where a C compiler is found)")
+    if not amx.runs():
+        pytest.skip("this CPU (or its kernel) gives no AMX-BF16: the AMX kernels do not run")
+
+
+def _weights(N, K, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return ((torch.randn(N, K, generator=g) * K ** -0.5).bfloat16(),
+            torch.randn(N, generator=g).bfloat16())
+
+
+def _x(rows, K, seed=1):
+    return torch.randn(rows, K, generator=torch.Generator().manual_seed(seed)).bfloat16()
+
+
+@pytest.mark.parametrize("N,K", [(768, 768), (1536, 768), (434, 768), (8, 64), (896, 4864)])
+@pytest.mark.parametrize("rows", [1, 7, 32])
+def test_linear_gives_onednns_bits_up_to_32_rows(N, K, rows):
+    w, b = _weights(N, K)
+    packed, x = amx.pack(w), _x(rows, K)
+    assert torch.equal(amx.linear(x, packed), F.linear(x, w))
+    assert torch.equal(amx.linear(x, packed, b), F.linear(x, w, b))
+    assert torch.equal(amx.linear(x.view(1, rows, K), packed, b), F.linear(x, w, b)[None])
+
+
+def test_each_rows_bits_do_not_depend_on_the_batch():
+    w, b = _weights(1536, 768)
+    packed, x = amx.pack(w), _x(200, 768)
+    batch = amx.linear(x, packed, b)
+    alone = torch.cat([amx.linear(x[i:i + 1], packed, b) for i in range(200)])
+    assert torch.equal(batch, alone)
+    onednn = F.linear(x, w, b)  # oneDNN blocks its sums another way above 32 rows
+    assert (batch != onednn).float().mean() < 1e-3
+    torch.testing.assert_close(batch.float(), onednn.float(), rtol=2 ** -7, atol=2 ** -7)
+
+
+def test_linear_refuses_in_features_off_its_blocks():
+    assert not amx.fits(48) and amx.fits(64)
+    w = torch.zeros(16, 48, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="in features 48 must be a positive multiple of 32"):
+        amx.linear(torch.zeros(2, 48, dtype=torch.bfloat16), amx.pack(w))
