@@ -110,11 +110,12 @@ def test_kernel_refuses_an_expert_id_out_of_range():
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
-def test_bf16_decoder_on_the_kernel_equals_it_on_the_loop(family, monkeypatch):
-    """A bf16 tiny MoE: prefill and decode logits and the experts chosen, with the kernel and
-    with the oneDNN loop (the kernel switched off), bit for bit."""
+@pytest.mark.parametrize("head_dim", [16, 32])  # 32: the decode attention's kernel too
+def test_bf16_decoder_on_the_kernels_equals_it_without(family, head_dim, monkeypatch):
+    """A bf16 tiny MoE: prefill and decode logits and the experts chosen, with the AMX kernels
+    and without them (oneDNN and torch), bit for bit."""
     _kernel()
-    model, _ = tiny_moe(family)
+    model, _ = tiny_moe(family, head_dim=head_dim)
     model = model.to(torch.bfloat16)
     on = FusedDecoder(model)
     assert all(layer.moe.packed is not None for layer in on.layers)

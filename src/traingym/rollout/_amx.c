@@ -35,8 +35,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #define HAVE_AMX 1
-#define AMX __attribute__((target("amx-tile,amx-bf16")))
-#define AVX512 __attribute__((target("avx512f")))
+#define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 /* fp32 to bf16 bits (in each lane's low half), rounding to nearest even as torch's .to() does;
  * a NaN stays a quiet NaN. */
@@ -51,6 +51,15 @@ static AVX512 inline __m512i bf16_bits(__m512 f) {
 
 static AVX512 inline __m512 round_bf16(__m512 f) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(f), 16));
+}
+
+static AVX512 inline float round_bf16_1(float f) {  /* one float, as bf16_bits rounds */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u) & 0xffff0000u
+                                        : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
 static AVX512 inline void store_bf16(uint16_t *p, __m512 f) {
@@ -211,12 +220,127 @@ static AMX void matmul(const uint16_t *x, int M, int K, const uint16_t *wp, int 
     _tile_release();
 }
 
+/* scores[s * 16 + g] = bf16(q_g . k_s) * scale for the G <= 16 query heads (the other lanes
+ * 0) and all S slots, on AMX: 16 key rows (straight from the cache) times the queries, packed
+ * here as pairs of D by 16 heads (zeros past G) into `qp` (16 D bf16). D is a multiple of 32. */
+static AMX void scores_qk(const uint16_t *q, int G, int D, const uint16_t *k, int64_t ks, int S,
+                          float scale, float *scores, uint16_t *qp) {
+    memset(qp, 0, sizeof(uint16_t) * 16 * D);
+    for (int g = 0; g < G; g++)
+        for (int d = 0; d < D; d++) qp[(d / 2) * 32 + g * 2 + d % 2] = q[(size_t)g * D + d];
+    int configured = 0;
+    for (int s0 = 0; s0 < S; s0 += 16) {
+        const int rows = S - s0 < 16 ? S - s0 : 16;
+        if (rows != configured) {
+            configure(rows);
+            configured = rows;
+        }
+        _tile_zero(0);
+        for (int d = 0; d < D; d += KB) {
+            _tile_loadd(4, k + s0 * ks + d, ks * 2);
+            _tile_loadd(5, qp + (size_t)d * 16, 64);
+            _tile_dpbf16ps(0, 4, 5);
+        }
+        _tile_stored(0, scores + (size_t)s0 * 16, 64);
+    }
+    _tile_release();
+    for (int s = 0; s < S; s++)
+        _mm512_storeu_ps(scores + (size_t)s * 16, _mm512_mul_ps(
+            round_bf16(_mm512_loadu_ps(scores + (size_t)s * 16)), _mm512_set1_ps(scale)));
+}
+
+/* out (GB heads x 16 nd) = bf16(sum over slots of p[s][g] v_s) for GB query heads at once
+ * (GB, nd constants where inlined; GB x nd sums in registers); each value row read once. */
+static AVX512 inline __attribute__((always_inline)) void weighted_rows(
+        const float *p, const uint16_t *v, int64_t vs, int S, const int GB, const int nd, int D,
+        uint16_t *out) {
+    __m512 a[4][16];
+    for (int g = 0; g < GB; g++)
+        for (int j = 0; j < nd; j++) a[g][j] = _mm512_setzero_ps();
+    for (int s = 0; s < S; s++) {  /* masked slots too, with p 0, as the torch matmul */
+        const uint16_t *vr = v + s * vs;
+        for (int j = 0; j < nd; j++) {
+            const __m512 vj = load_bf16(vr + 16 * j);
+            for (int g = 0; g < GB; g++)
+                a[g][j] = _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t)s * 16 + g]), vj, a[g][j]);
+        }
+    }
+    for (int g = 0; g < GB; g++)
+        for (int j = 0; j < nd; j++) store_bf16(out + (size_t)g * D + 16 * j, a[g][j]);
+}
+
+/* The same for one head and any D (a multiple of 16), the sums in `acc` (D floats). */
+static AVX512 void weighted_rows_any(const float *p, const uint16_t *v, int64_t vs, int S, int D,
+                                     float *acc, uint16_t *out) {
+    for (int d = 0; d < D; d += 16) _mm512_storeu_ps(acc + d, _mm512_setzero_ps());
+    for (int s = 0; s < S; s++) {
+        const __m512 ps = _mm512_set1_ps(p[(size_t)s * 16]);
+        const uint16_t *vr = v + s * vs;
+        for (int d = 0; d < D; d += 16)
+            _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(ps, load_bf16(vr + d),
+                                                      _mm512_loadu_ps(acc + d)));
+    }
+    for (int d = 0; d < D; d += 16) store_bf16(out + d, _mm512_loadu_ps(acc + d));
+}
+
+#define HEADS(GB, ND) weighted_rows(scores + g, v, vs, S, GB, ND, D, out + (size_t)g * D)
+
+/* One row's decode attention for one key/value head: its G <= 16 query heads (G, D) over the S
+ * cache slots of keys and values (rows `ks`, `vs` elements apart), slots whose mask byte is 0
+ * left out. As fused_decoder's torch path computes it: each score a bf16-rounded dot product
+ * times `scale`, an fp32 softmax rounded to bf16, then the weighted sum of values in fp32,
+ * rounded to bf16. `scores` holds 16 S floats (a slot's heads side by side, so the softmax runs
+ * over all heads at once), `acc` 8 D. D is a multiple of 32. */
+static AVX512 void attend(const uint16_t *q, int G, int D, const uint16_t *k, int64_t ks,
+                          const uint16_t *v, int64_t vs, const uint8_t *mask, int S,
+                          float scale, float *scores, float *acc, uint16_t *out) {
+    scores_qk(q, G, D, k, ks, S, scale, scores, (uint16_t *)acc);
+    __m512 top = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
+    for (int s = 0; s < S; s++)
+        if (mask[s]) top = _mm512_max_ps(top, _mm512_loadu_ps(scores + (size_t)s * 16));
+    for (int s = 0; s < S; s++) {  /* exp(score - top), 0 where masked */
+        const __m512 e = mask[s] ? exp_ps(_mm512_sub_ps(_mm512_loadu_ps(scores + (size_t)s * 16),
+                                                        top))
+                                 : _mm512_setzero_ps();
+        _mm512_storeu_ps(scores + (size_t)s * 16, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    for (int s = 0; s < S; s++)
+        _mm512_storeu_ps(scores + (size_t)s * 16, round_bf16(_mm512_div_ps(
+                             _mm512_loadu_ps(scores + (size_t)s * 16), sum)));
+    const int nd = D / 16;
+    for (int g = 0; g < G;) {  /* as many heads at a time as the registers hold */
+        if (nd <= 4 && G - g >= 4) {
+            if (nd == 2) HEADS(4, 2); else HEADS(4, 4);
+            g += 4;
+        } else if (nd <= 8 && G - g >= 2) {
+            if (nd == 2) HEADS(2, 2); else if (nd == 4) HEADS(2, 4);
+            else if (nd == 6) HEADS(2, 6); else HEADS(2, 8);
+            g += 2;
+        } else {
+            switch (nd) {
+            case 2: HEADS(1, 2); break;
+            case 4: HEADS(1, 4); break;
+            case 6: HEADS(1, 6); break;
+            case 8: HEADS(1, 8); break;
+            case 12: HEADS(1, 12); break;
+            case 16: HEADS(1, 16); break;
+            default: weighted_rows_any(scores + g, v, vs, S, D, acc, out + (size_t)g * D);
+            }
+            g += 1;
+        }
+    }
+}
+
 /* AMX-TILE and AMX-BF16 in CPUID, and Linux's leave to use tile data (asked once per process;
  * oneDNN in torch asks the same). */
 static int amx_available(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    if (!((d >> 22) & 1) || !((d >> 24) & 1) || !((b >> 16) & 1)) return 0;  /* + AVX-512F */
+    /* and AVX-512 F, BW and VL (EBX bits 16, 30, 31), which every AMX CPU has */
+    if (!((d >> 22) & 1) || !((d >> 24) & 1) || !((b >> 16) & 1) || !((b >> 30) & 1)
+        || !((b >> 31) & 1))
+        return 0;
     return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
 }
 #else
@@ -233,6 +357,12 @@ static void combine(const uint16_t *ys, const int64_t *row, const int64_t *ids,
 }
 static void row_to_bf16(const float *y, const uint16_t *bias, int c0, int c1, uint16_t *out) {
     (void)y; (void)bias; (void)c0; (void)c1; (void)out;
+}
+static void attend(const uint16_t *q, int G, int D, const uint16_t *k, int64_t ks,
+                   const uint16_t *v, int64_t vs, const uint8_t *mask, int S, float scale,
+                   float *scores, float *acc, uint16_t *out) {
+    (void)q; (void)G; (void)D; (void)k; (void)ks; (void)v; (void)vs; (void)mask; (void)S;
+    (void)scale; (void)scores; (void)acc; (void)out;
 }
 static int amx_available(void) { return 0; }
 #endif
@@ -405,6 +535,51 @@ static PyObject *linear(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* attention(q, B, H, KV, D, k, v, S, strides, mask, scale, out, threads): one decode step's
+ * attention, every array as its address: q (B, H, D) bf16 contiguous; k and v (B, KV, S, D) bf16
+ * with element strides (b, head, slot) for each, rows of D contiguous; mask (B, S) bytes; out
+ * (B, H, D) bf16. Query head h reads key/value head h / (H / KV). Threads split the rows. */
+static PyObject *attention(PyObject *self, PyObject *args) {
+    unsigned long long q_p, k_p, v_p, mask_p, out_p;
+    int B, H, KV, D, S, threads;
+    long long kb, kh, kslot, vb, vh, vslot;
+    float scale;
+    if (!PyArg_ParseTuple(args, "KiiiiKKiLLLLLLKfKi", &q_p, &B, &H, &KV, &D, &k_p, &v_p, &S,
+                          &kb, &kh, &kslot, &vb, &vh, &vslot, &mask_p, &scale, &out_p,
+                          &threads))
+        return NULL;
+    if (!supported_now()) {
+        PyErr_SetString(PyExc_RuntimeError, "this CPU or kernel gives no AMX-BF16: use torch");
+        return NULL;
+    }
+    if (D % KB || D < KB || KV < 1 || H % KV || H / KV > 16 || S < 1 || B < 0) {
+        PyErr_Format(PyExc_ValueError, "head dim %d must be a multiple of %d, and heads %d a "
+                     "multiple of key/value heads %d, at most 16 per key/value head", D, KB, H,
+                     KV);
+        return NULL;
+    }
+    const uint16_t *q = (const uint16_t *)(uintptr_t)q_p, *k = (const uint16_t *)(uintptr_t)k_p;
+    const uint16_t *v = (const uint16_t *)(uintptr_t)v_p;
+    const uint8_t *mask = (const uint8_t *)(uintptr_t)mask_p;
+    uint16_t *out = (uint16_t *)(uintptr_t)out_p;
+    const int G = H / KV;
+    const size_t per = (size_t)16 * S + 8 * D;  /* scores, accumulator, packed queries */
+    float *scratch = malloc(sizeof(float) * per * B * KV + 1);
+    if (scratch == NULL) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel for num_threads(threads)
+    for (int i = 0; i < B * KV; i++) {
+        const int b = i / KV, h = i % KV;
+        float *scores = scratch + (size_t)i * per;
+        attend(q + ((size_t)b * H + (size_t)h * G) * D, G, D, k + b * kb + h * kh, kslot,
+               v + b * vb + h * vh, vslot, mask + (size_t)b * S, S, scale, scores,
+               scores + (size_t)16 * S, out + ((size_t)b * H + (size_t)h * G) * D);
+    }
+    Py_END_ALLOW_THREADS
+    free(scratch);
+    Py_RETURN_NONE;
+}
+
 static PyObject *supported(PyObject *self, PyObject *args) {
     return PyBool_FromLong(supported_now());
 }
@@ -414,6 +589,9 @@ static PyMethodDef methods[] = {
      "moe(x, tokens, ids, top, k, out, n_experts, gate_up, down, hidden, intermediate, "
      "threads)"},
     {"linear", linear, METH_VARARGS, "linear(x, rows, K, w, N, bias, out, threads)"},
+    {"attention", attention, METH_VARARGS,
+     "attention(q, B, H, KV, D, k, v, S, k strides (3), v strides (3), mask, scale, out, "
+     "threads)"},
     {"supported", supported, METH_NOARGS, "whether this process can run the kernel (AMX-BF16)"},
     {NULL, NULL, 0, NULL}};
 

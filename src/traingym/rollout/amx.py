@@ -78,3 +78,31 @@ def moe(x_N_H: torch.Tensor, ids_N_K: torch.Tensor, top_N_K: torch.Tensor, gate_
             ids_N_K.shape[1], out_N_H.data_ptr(), gate_up.data.shape[0], gate_up.data.data_ptr(),
             down.data.data_ptr(), down.out_features, down.in_features, torch.get_num_threads())
     return out_N_H
+
+
+def decode_attention(q_B_H_1_D: torch.Tensor, k_B_KV_S_D: torch.Tensor,
+                     v_B_KV_S_D: torch.Tensor, mask_B_1_1_S: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """One decode step's attention, as the fused decoder's torch path computes it (scores
+    rounded to bf16, an fp32 softmax rounded to bf16, values summed in fp32), over bf16 caches
+    whose rows of head_dim are contiguous (views over a larger cache are fine); see
+    `attention_fits`."""
+    B, H, _, D = q_B_H_1_D.shape
+    KV, S = k_B_KV_S_D.shape[1], k_B_KV_S_D.shape[2]
+    q = q_B_H_1_D.contiguous()
+    mask = mask_B_1_1_S.expand(B, 1, 1, S).reshape(B, S).contiguous()
+    out = torch.empty_like(q)
+    k, v = k_B_KV_S_D, v_B_KV_S_D
+    lib.attention(q.data_ptr(), B, H, KV, D, k.data_ptr(), v.data_ptr(), S, *k.stride()[:3],
+                  *v.stride()[:3], mask.data_ptr(), scale, out.data_ptr(),
+                  torch.get_num_threads())
+    return out
+
+
+def attention_fits(q_B_H_1_D: torch.Tensor, k_B_KV_S_D: torch.Tensor,
+                   v_B_KV_S_D: torch.Tensor) -> bool:
+    """Whether `decode_attention` takes these: bf16 caches with contiguous rows, head_dim a
+    multiple of 32, at most 16 query heads per key/value head."""
+    return (q_B_H_1_D.shape[1] <= 16 * k_B_KV_S_D.shape[1]
+            and all(t.dtype == torch.bfloat16 and t.stride(-1) == 1 and t.shape[-1] % 32 == 0
+                    for t in (k_B_KV_S_D, v_B_KV_S_D)))

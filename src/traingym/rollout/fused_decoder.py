@@ -330,7 +330,10 @@ class FusedDecoder:
             if T == 1 and mask.shape[-1] == k_cache.shape[2]:
                 # a decode step: over the whole (contiguous) cache, unfilled slots masked out
                 # (a one-token prefill's mask covers its slot only: the branches below)
-                att = self._decode_attention(q, k_cache, v_cache, mask, scale, softcap)
+                if self.kernel and softcap is None and amx.attention_fits(q, k_cache, v_cache):
+                    att = amx.decode_attention(q, k_cache, v_cache, mask, scale)
+                else:
+                    att = self._decode_attention(q, k_cache, v_cache, mask, scale, softcap)
             elif softcap is None:
                 att = F.scaled_dot_product_attention(
                     q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask, scale=scale,
