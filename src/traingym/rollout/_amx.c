@@ -101,29 +101,21 @@ static AVX512 void to_bf16(const float *y, size_t n, uint16_t *out) {
     for (size_t i = 0; i < n; i += 16) store_bf16(out + i, _mm512_loadu_ps(y + i));
 }
 
-/* out[c] = bf16(y[c] + bias[c]) for columns c0..c1-1 of one row (bias bf16, or NULL). */
-static AVX512 void row_to_bf16(const float *y, const uint16_t *bias, int c0, int c1,
-                               uint16_t *out) {
-    int c = c0;
-    for (; c + 16 <= c1; c += 16) {
-        __m512 v = _mm512_loadu_ps(y + c);
-        if (bias != NULL) v = _mm512_add_ps(v, load_bf16(bias + c));
-        store_bf16(out + c, v);
-    }
-    if (c < c1) {  /* the last columns of an N that is not a multiple of 16 */
-        float yt[16] = {0}, bt[16] = {0};
-        uint16_t ot[16];
-        memcpy(yt, y + c, sizeof(float) * (c1 - c));
-        __m512 v = _mm512_loadu_ps(yt);
-        if (bias != NULL) {
-            for (int i = 0; i < c1 - c; i++) {
-                uint32_t u = (uint32_t)bias[c + i] << 16;
-                memcpy(bt + i, &u, 4);
-            }
-            v = _mm512_add_ps(v, _mm512_loadu_ps(bt));
-        }
-        store_bf16(ot, v);
-        memcpy(out + c, ot, sizeof(uint16_t) * (c1 - c));
+/* The slots s0..s0+15 that exist (S - s0 of them at the end). */
+static AVX512 inline __mmask16 tail(int s0, int S) {
+    return S - s0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (S - s0)) - 1);
+}
+
+/* out[c] = bf16(y[c] + bias[c]) for the n columns of one row (bias bf16, or NULL). */
+static AVX512 void cols_to_bf16(const float *y, const uint16_t *bias, int n, uint16_t *out) {
+    for (int c = 0; c < n; c += 16) {
+        const __mmask16 m = tail(c, n);
+        __m512 v = _mm512_maskz_loadu_ps(m, y + c);
+        if (bias != NULL)
+            v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                     _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, bias + c)),
+                                     16)));
+        _mm256_mask_storeu_epi16(out + c, m, _mm512_cvtepi32_epi16(bf16_bits(v)));
     }
 }
 
@@ -166,14 +158,16 @@ static AMX void configure(int rows) {
     _tile_loadconfig(&cfg);
 }
 
-/* Columns 16 first .. 16 last - 1 of y (M, N) fp32 = x (M, K) bf16 times the packed W,
- * transposed: its blocks first..last-1. Tiles 0-3 hold four blocks' sums (rows x 16 fp32),
- * tile 4 a (rows x 32) slice of x, tiles 5 and 6 (16 pairs x 16 x 2) slices of the blocks. K is
- * a multiple of 32, N of 16. Each group of blocks is read from memory once: every 16 rows of x
- * pass over it while it sits in cache. */
-static AMX void matmul(const uint16_t *x, int M, int K, const uint16_t *wp, int N, float *y,
-                       int first, int last) {
+/* x (M, K) bf16 times the packed W, transposed, over W's blocks first..last-1 (output columns
+ * 16 first .. 16 last - 1). The sums go to y (fp32, rows ldy apart) or, with y NULL, to out
+ * (bf16 with bias added, rows N apart, columns past N dropped), a tile at a time. Tiles 0-3 hold
+ * four blocks' sums (rows x 16 fp32), tile 4 a (rows x 32) slice of x, tiles 5 and 6 (16 pairs
+ * x 16 x 2) slices of the blocks. K is a multiple of 32. Each group of blocks is read from memory
+ * once: every 16 rows of x pass over it while it sits in cache. */
+static AMX void matmul(const uint16_t *x, int M, int K, const uint16_t *wp, int first, int last,
+                       float *y, int ldy, uint16_t *out, int N, const uint16_t *bias) {
     const size_t block = (size_t)K * NB;  /* elements per packed block */
+    float tmp[16 * 4 * NB];
     int configured = 0;
     for (int b0 = first; b0 < last;) {
         const int four = last - b0 >= 4;  /* else a tail of 1-3 blocks, one at a time */
@@ -185,7 +179,8 @@ static AMX void matmul(const uint16_t *x, int M, int K, const uint16_t *wp, int 
                 configured = rows;
             }
             const uint16_t *xr = x + (size_t)m0 * K;
-            float *yb = y + (size_t)m0 * N + (size_t)b0 * NB;
+            float *yb = y != NULL ? y + (size_t)m0 * ldy + (size_t)b0 * NB : tmp;
+            const int ld = (y != NULL ? ldy : 4 * NB) * 4;  /* bytes */
             _tile_zero(0);
             if (four) {
                 _tile_zero(1);
@@ -203,9 +198,9 @@ static AMX void matmul(const uint16_t *x, int M, int K, const uint16_t *wp, int 
                     _tile_loadd(6, w + 3 * block, 64);
                     _tile_dpbf16ps(3, 4, 6);
                 }
-                _tile_stored(1, yb + NB, N * 4);
-                _tile_stored(2, yb + 2 * NB, N * 4);
-                _tile_stored(3, yb + 3 * NB, N * 4);
+                _tile_stored(1, yb + NB, ld);
+                _tile_stored(2, yb + 2 * NB, ld);
+                _tile_stored(3, yb + 3 * NB, ld);
             } else {
                 for (int k = 0; k < K; k += KB) {
                     _tile_loadd(4, xr + k, K * 2);
@@ -213,7 +208,14 @@ static AMX void matmul(const uint16_t *x, int M, int K, const uint16_t *wp, int 
                     _tile_dpbf16ps(0, 4, 5);
                 }
             }
-            _tile_stored(0, yb, N * 4);
+            _tile_stored(0, yb, ld);
+            if (y == NULL) {
+                const int c0 = b0 * NB, width = (four ? 4 : 1) * NB;
+                const int n = N - c0 < width ? N - c0 : width;
+                for (int r = 0; r < rows; r++)
+                    cols_to_bf16(tmp + r * 4 * NB, bias != NULL ? bias + c0 : NULL, n,
+                                 out + (size_t)(m0 + r) * N + c0);
+            }
         }
         b0 += four ? 4 : 1;
     }
@@ -345,18 +347,16 @@ static int amx_available(void) {
 }
 #else
 #define HAVE_AMX 0
-static void matmul(const uint16_t *x, int M, int K, const uint16_t *wp, int N, float *y,
-                   int first, int last) {
-    (void)x; (void)M; (void)K; (void)wp; (void)N; (void)y; (void)first; (void)last;
+static void matmul(const uint16_t *x, int M, int K, const uint16_t *wp, int first, int last,
+                   float *y, int ldy, uint16_t *out, int N, const uint16_t *bias) {
+    (void)x; (void)M; (void)K; (void)wp; (void)first; (void)last; (void)y; (void)ldy;
+    (void)out; (void)N; (void)bias;
 }
 static void silu_mul(const float *gu, int I, uint16_t *h) { (void)gu; (void)I; (void)h; }
 static void to_bf16(const float *y, size_t n, uint16_t *out) { (void)y; (void)n; (void)out; }
 static void combine(const uint16_t *ys, const int64_t *row, const int64_t *ids,
                     const float *top, int k, int H, uint16_t *out) {
     (void)ys; (void)row; (void)ids; (void)top; (void)k; (void)H; (void)out;
-}
-static void row_to_bf16(const float *y, const uint16_t *bias, int c0, int c1, uint16_t *out) {
-    (void)y; (void)bias; (void)c0; (void)c1; (void)out;
 }
 static void attend(const uint16_t *q, int G, int D, const uint16_t *k, int64_t ks,
                    const uint16_t *v, int64_t vs, const uint8_t *mask, int S, float scale,
@@ -390,9 +390,9 @@ static void run_experts(Work *w) {
         float *y = gu + (size_t)n * 2 * I;
         uint16_t *h = (uint16_t *)(y + (size_t)n * H);
         matmul(w->xs + (size_t)w->starts[e] * H, n, H, w->gate_up + (size_t)e * 2 * I * H,
-               2 * I, gu, 0, 2 * I / NB);
+               0, 2 * I / NB, gu, 2 * I, NULL, 0, NULL);
         for (int r = 0; r < n; r++) silu_mul(gu + (size_t)r * 2 * I, I, h + (size_t)r * I);
-        matmul(h, n, I, w->down + (size_t)e * H * I, H, y, 0, H / NB);
+        matmul(h, n, I, w->down + (size_t)e * H * I, 0, H / NB, y, H, NULL, 0, NULL);
         to_bf16(y, (size_t)n * H, w->ys + (size_t)w->starts[e] * H);
         free(gu);
     }
@@ -507,9 +507,7 @@ static PyObject *linear(PyObject *self, PyObject *args) {
                      "features %d positive", K, KB, N);
         return NULL;
     }
-    const int blocks = (N + NB - 1) / NB, ld = blocks * NB;
-    float *y = malloc(sizeof(float) * (size_t)rows * ld + 1);
-    if (y == NULL) return PyErr_NoMemory();
+    const int blocks = (N + NB - 1) / NB;
     const uint16_t *x = (const uint16_t *)(uintptr_t)x_p, *w = (const uint16_t *)(uintptr_t)w_p;
     const uint16_t *bias = (const uint16_t *)(uintptr_t)bias_p;
     uint16_t *out = (uint16_t *)(uintptr_t)out_p;
@@ -523,15 +521,9 @@ static PyObject *linear(PyObject *self, PyObject *args) {
         const int first = 4 * (groups * t / nt);
         int last = 4 * (groups * (t + 1) / nt);
         if (last > blocks) last = blocks;
-        if (first < last) {
-            matmul(x, rows, K, w, ld, y, first, last);
-            const int c1 = last * NB < N ? last * NB : N;
-            for (int r = 0; r < rows; r++)
-                row_to_bf16(y + (size_t)r * ld, bias, first * NB, c1, out + (size_t)r * N);
-        }
+        if (first < last) matmul(x, rows, K, w, first, last, NULL, 0, out, N, bias);
     }
     Py_END_ALLOW_THREADS
-    free(y);
     Py_RETURN_NONE;
 }
 
