@@ -14,7 +14,9 @@ tokens/s and their ratio are reported, and whether the two paths generated the s
     PYTHONPATH=src .venv/bin/python benchmarks/moe_decode.py --hidden 64 --layers 2 \\
         --experts 8 --rounds 1 --new-tokens 4 --out /tmp/moe_decode.json   # smoke
 
-`--profile` adds one profiled call of each path and its top ops by self CPU time.
+`--profile` adds one profiled call of each path and its top ops by self CPU time; the AMX
+kernels' calls (rollout/amx.py: C code, no aten op of their own) are recorded as ranges named
+`amx.<function>` for that call.
 
 What bounds both paths: the expert weights a decode step must read. During one more call of
 the HF path, a hook on each layer's router records the distinct experts its decode steps pick
@@ -32,6 +34,7 @@ vLLM, a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import tempfile
 import time
@@ -99,7 +102,7 @@ def main() -> None:
     reads["ceiling_over_hf"] = read_gbs / reads["read_gbs"]["hf"]
     top = {}
     for name, engine in engines.items() if args.profile else ():
-        with torch.profiler.profile() as prof:
+        with torch.profiler.profile() as prof, kernels_named():
             engine.generate_sync(reqs)
         ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:8]
         total = sum(e.self_cpu_time_total for e in prof.key_averages())
@@ -121,6 +124,31 @@ def main() -> None:
           f"read {read_gbs:.1f} GB/s (copy {copy_gbs:.1f}): ceiling "
           f"{reads['ceiling_over_hf']:.2f}x the HF path")
     rec.write(res)
+
+
+@contextlib.contextmanager
+def kernels_named():
+    """Each call of rollout/amx.py's kernels inside a profiler range `amx.<function>`."""
+    import torch
+
+    from traingym.rollout import amx
+
+    names = ("linear", "moe", "decode_attention")
+    saved = {n: getattr(amx, n) for n in names}
+
+    def named(n, fn):
+        def call(*args, **kwargs):
+            with torch.profiler.record_function(f"amx.{n}"):
+                return fn(*args, **kwargs)
+        return call
+
+    for n in names:
+        setattr(amx, n, named(n, saved[n]))
+    try:
+        yield
+    finally:
+        for n in names:
+            setattr(amx, n, saved[n])
 
 
 def weight_reads(engine, reqs, rows: int) -> dict:
