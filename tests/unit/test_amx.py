@@ -61,6 +61,11 @@ def test_linear_refuses_in_features_off_its_blocks():
     w = torch.zeros(16, 48, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="in features 48 must be a positive multiple of 32"):
         amx.linear(torch.zeros(2, 48, dtype=torch.bfloat16), amx.pack(w))
+    packed = amx.pack(torch.zeros(16, 64, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="bf16 CPU tensors, got torch.float32"):
+        amx.linear(torch.zeros(2, 64), packed)
+    with pytest.raises(ValueError, match="x has 32 features, the weight takes 64"):
+        amx.linear(torch.zeros(2, 32, dtype=torch.bfloat16), packed)
 
 
 def _attention_inputs(B, H, KV, D, S, seed=0):

@@ -1,22 +1,22 @@
-/* The routed experts of one sparse MoE block, in one call, on AMX (fused_moe.py calls this at
- * decode batch sizes; its oneDNN path is the fallback and the reference).
+/* The built-in engine's bf16 kernels on AMX (rollout/amx.py wraps them; the fused decoder's
+ * oneDNN and torch paths are the fallback and the reference): a linear, a sparse MoE block's
+ * routed experts in one call, and one decode step's attention.
  *
- * Why: at decode each expert sees a few tokens, so each expert is two skinny bf16 matmuls whose
- * cost should be reading its weights once. oneDNN's `_linear_pointwise` spends ~30 us of fixed
- * cost per call on the machines this was built on (a 64x64 matmul takes as long as a 768x768
- * one), and the Python loop over the experts adds its own. Here one call computes every expert
- * with the GIL released, the experts split over threads, each weight streamed once through AMX
- * tiles from a layout made for them.
+ * Why: at decode batch sizes a bf16 matmul should cost reading its weight once, but oneDNN's
+ * `_linear_pointwise` spends ~30 us of fixed cost per call on the machines this was built on (a
+ * 64x64 matmul takes as long as a 768x768 one), a MoE block's Python loop over its experts adds
+ * its own, and the decode attention's bf16 `bmm` another. Here each is one call with the GIL
+ * released, on torch's own OpenMP threads (this module links libgomp.so.1, which resolves to the
+ * copy torch loaded), each weight streamed once through AMX tiles from a layout made for them.
  *
- * Layout: each expert's weight (N, K) packed as (N/16, K/2, 16, 2) bf16 (fused_moe.pack): a
- * block of 16 output columns is one contiguous stream, 16 pairs of K at a time, the layout AMX
- * reads as its second operand.
+ * Layout: a weight (N, K) packed as (ceil(N/16), K/2, 16, 2) bf16 (amx.pack): a block of 16
+ * output columns is one contiguous stream, 16 pairs of K at a time, the layout AMX reads as its
+ * second operand.
  *
- * Maths, as transformers' expert loop computes it in bf16: gate|up = x W_gu^T in fp32 sums,
- * rounded to bf16; h = bf16(bf16(silu(gate)) * up); y = bf16(h W_down^T). On the machines this
- * was built on the result equals the oneDNN path's bit for bit (tests/moe/test_fused_moe.py
- * checks it wherever the kernel runs). Needs AMX-BF16 and Linux's leave to use tile data:
- * `supported()` says; elsewhere the caller keeps the oneDNN path.
+ * Maths, as the torch paths compute in bf16: sums in fp32 (AMX adds the K dimension 32 at a time
+ * in order, as oneDNN does up to 32 rows), each op's result rounded to bf16 where torch's is.
+ * The tests say where the bits agree (tests/unit/test_amx.py, tests/moe/test_fused_moe.py).
+ * Needs AMX-BF16, AVX-512 F/BW/VL and Linux's leave to use tile data: `supported()` says.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -34,7 +34,6 @@
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#define HAVE_AMX 1
 #define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 
@@ -51,15 +50,6 @@ static AVX512 inline __m512i bf16_bits(__m512 f) {
 
 static AVX512 inline __m512 round_bf16(__m512 f) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(f), 16));
-}
-
-static AVX512 inline float round_bf16_1(float f) {  /* one float, as bf16_bits rounds */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u) & 0xffff0000u
-                                        : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&f, &u, 4);
-    return f;
 }
 
 static AVX512 inline void store_bf16(uint16_t *p, __m512 f) {
@@ -101,9 +91,9 @@ static AVX512 void to_bf16(const float *y, size_t n, uint16_t *out) {
     for (size_t i = 0; i < n; i += 16) store_bf16(out + i, _mm512_loadu_ps(y + i));
 }
 
-/* The slots s0..s0+15 that exist (S - s0 of them at the end). */
-static AVX512 inline __mmask16 tail(int s0, int S) {
-    return S - s0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (S - s0)) - 1);
+/* Of lanes i..i+15, those below n (all but at the end). */
+static AVX512 inline __mmask16 tail(int i, int n) {
+    return n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
 }
 
 /* out[c] = bf16(y[c] + bias[c]) for the n columns of one row (bias bf16, or NULL). */
@@ -346,7 +336,6 @@ static int amx_available(void) {
     return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
 }
 #else
-#define HAVE_AMX 0
 static void matmul(const uint16_t *x, int M, int K, const uint16_t *wp, int first, int last,
                    float *y, int ldy, uint16_t *out, int N, const uint16_t *bias) {
     (void)x; (void)M; (void)K; (void)wp; (void)first; (void)last; (void)y; (void)ldy;
@@ -410,8 +399,9 @@ static int supported_now(void) {
  * every array as its address: x and out (tokens, H) bf16, ids (tokens, k) int64 experts, top
  * (tokens, k) fp32 gate weights. As fused_moe's torch path: the (token, slot) pairs sorted by
  * expert (stably), each expert over its rows, each output times its gate weight (rounded to
- * bf16), then summed per token in expert order in fp32 and rounded once. The threads split the experts that have rows into runs of
- * about as many experts each: reading an expert's weights, not its few rows, is the cost. */
+ * bf16), then summed per token in expert order in fp32 and rounded once. The threads split the
+ * experts that have rows into runs of about as many experts each: reading an expert's weights,
+ * not its few rows, is the cost. */
 static PyObject *moe(PyObject *self, PyObject *args) {
     unsigned long long x_p, ids_p, top_p, out_p, gate_up, down;
     int tokens, k, n_experts, H, I, threads;

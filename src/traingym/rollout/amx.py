@@ -57,13 +57,24 @@ def pack(w: torch.Tensor) -> Packed:
 
 
 def linear(x: torch.Tensor, w: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """bf16(x W^T + bias) for bf16 x (..., K)."""
+    """bf16(x W^T + bias) for bf16 x (..., K) and bias."""
+    _bf16(x, bias)
+    if x.shape[-1] != w.in_features:
+        raise ValueError(f"x has {x.shape[-1]} features, the weight takes {w.in_features}")
     x = x.contiguous()
+    bias = bias.contiguous() if bias is not None else None  # held while the kernel reads it
     out = x.new_empty(*x.shape[:-1], w.out_features)
     lib.linear(x.data_ptr(), x.numel() // w.in_features, w.in_features, w.data.data_ptr(),
-               w.out_features, 0 if bias is None else bias.contiguous().data_ptr(),
-               out.data_ptr(), torch.get_num_threads())
+               w.out_features, 0 if bias is None else bias.data_ptr(), out.data_ptr(),
+               torch.get_num_threads())
     return out
+
+
+def _bf16(*tensors) -> None:
+    """The kernels read raw bf16 memory: anything else is refused before it is read."""
+    for t in tensors:
+        if t is not None and (t.dtype != torch.bfloat16 or t.device.type != "cpu"):
+            raise TypeError(f"the AMX kernels take bf16 CPU tensors, got {t.dtype} on {t.device}")
 
 
 def moe(x_N_H: torch.Tensor, ids_N_K: torch.Tensor, top_N_K: torch.Tensor, gate_up: Packed,
@@ -71,7 +82,8 @@ def moe(x_N_H: torch.Tensor, ids_N_K: torch.Tensor, top_N_K: torch.Tensor, gate_
     """A MoE block's routed experts, as fused_moe's expert loop computes them: x (N, H) bf16,
     ids (N, k) the chosen experts, top (N, k) their gate weights (passed as fp32: exact for
     bf16 ones); gate_up and down packed (E, 2I, H) and (E, H, I)."""
-    x_N_H, ids_N_K = x_N_H.contiguous(), ids_N_K.contiguous()
+    _bf16(x_N_H)
+    x_N_H, ids_N_K = x_N_H.contiguous(), ids_N_K.long().contiguous()
     top_N_K = top_N_K.float().contiguous()
     out_N_H = torch.empty_like(x_N_H)
     lib.moe(x_N_H.data_ptr(), x_N_H.shape[0], ids_N_K.data_ptr(), top_N_K.data_ptr(),
@@ -87,6 +99,7 @@ def decode_attention(q_B_H_1_D: torch.Tensor, k_B_KV_S_D: torch.Tensor,
     rounded to bf16, an fp32 softmax rounded to bf16, values summed in fp32), over bf16 caches
     whose rows of head_dim are contiguous (views over a larger cache are fine); see
     `attention_fits`."""
+    _bf16(q_B_H_1_D, k_B_KV_S_D, v_B_KV_S_D)
     B, H, _, D = q_B_H_1_D.shape
     KV, S = k_B_KV_S_D.shape[1], k_B_KV_S_D.shape[2]
     q = q_B_H_1_D.contiguous()

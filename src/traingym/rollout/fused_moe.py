@@ -130,7 +130,8 @@ def moe_mlp(x_B_T_H: torch.Tensor, w: MoeWeights, act,
 
 def _looped_experts(x_N_H, ids_N_K, top_N_K, w: MoeWeights, act, linear) -> torch.Tensor:
     """HF's order: the (token, slot) pairs sorted by expert, each expert over its rows, each
-    output times its gate weight, added per token from zero in expert order."""
+    output times its gate weight, summed per token in expert order (index_add_ into a bf16
+    tensor sums in fp32 and rounds once)."""
     flat = ids_N_K.reshape(-1)
     order = flat.argsort(stable=True)
     token = order // w.top_k
