@@ -85,3 +85,15 @@ def require_vllm_venv() -> str:
         missing(f"the vLLM venv is absent ({python}): run `bash scripts/setup_vllm.sh` "
                 "(or set TRAINGYM_VLLM_PYTHON)")
     return str(python)
+
+
+def require_amx_kernels() -> None:
+    """rollout/amx.py's kernels: not built is `missing` (CI builds them: a C compiler is in its
+    image); a CPU without AMX-BF16 is a skip everywhere, as a missing GPU is."""
+    from traingym.rollout import amx
+
+    if amx.lib is None:
+        missing("the AMX kernels are not built (traingym/rollout/_amx.c: `pip install -e .` "
+                "builds them where a C compiler is found)")
+    if not amx.runs():
+        pytest.skip("this CPU (or its kernel) gives no AMX-BF16: the AMX kernels do not run")

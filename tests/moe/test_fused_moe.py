@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from moe_tiny import tiny_moe  # tests/ is on sys.path (tests/conftest.py)
-from prereq import missing
+from prereq import require_amx_kernels
 
 from traingym.core.types import GenerationRequest, SamplingParams
 from traingym.rollout import fused_moe
@@ -51,14 +51,6 @@ def test_step_decoder_runs_on_the_fused_moe_path():
     assert engine.fused.routes is None  # recorded only inside generate
 
 
-def _kernel():
-    if amx.lib is None:
-        missing("the AMX kernels are not built (traingym/rollout/_amx.c: `pip install -e .` "
-                "builds them where a C compiler is found)")
-    if not amx.runs():
-        pytest.skip("this CPU (or its kernel) gives no AMX-BF16: the AMX kernels do not run")
-
-
 def _experts(hidden, inter, E, seed=0):
     g = torch.Generator().manual_seed(seed)
     gate_up = (torch.randn(E, 2 * inter, hidden, generator=g) * hidden ** -0.5).bfloat16()
@@ -79,7 +71,7 @@ def _routed(tokens, H, E, k, gate_dtype, seed=1):
 def test_kernel_gives_the_expert_loops_bits(hidden, inter, tokens, gate_dtype):
     """Experts with no rows, one row and several, a block count that is not a multiple of four
     (96 / 16), the benchmark's shape (768, 384: 32 experts, top-4)."""
-    _kernel()
+    require_amx_kernels()
     E, k = (32, 4) if hidden == 768 else (8, 2)
     loop, packed = _experts(hidden, inter, E)
     x, ids, top = _routed(tokens, hidden, E, k, gate_dtype)
@@ -91,7 +83,7 @@ def test_kernel_gives_the_expert_loops_bits(hidden, inter, tokens, gate_dtype):
 def test_kernel_above_32_rows_an_expert_rounds_a_few_elements_differently():
     """Above 32 rows an expert (a prefill), the two round differently in a few elements (0.13%
     of these 200 rows x 768, by one bf16 step; which side's sums or exp, not isolated)."""
-    _kernel()
+    require_amx_kernels()
     loop, packed = _experts(768, 384, 4)
     x, _, _ = _routed(200, 768, 4, 1, torch.float32)
     ids, top = torch.zeros(200, 1, dtype=torch.long), torch.ones(200, 1)
@@ -102,7 +94,7 @@ def test_kernel_above_32_rows_an_expert_rounds_a_few_elements_differently():
 
 
 def test_kernel_refuses_an_expert_id_out_of_range():
-    _kernel()
+    require_amx_kernels()
     _, packed = _experts(64, 32, 8)
     x, ids, top = _routed(3, 64, 8, 2, torch.float32)
     with pytest.raises(ValueError, match="expert id 8 out of range"):
@@ -114,7 +106,7 @@ def test_kernel_refuses_an_expert_id_out_of_range():
 def test_bf16_decoder_on_the_kernels_equals_it_without(family, head_dim, monkeypatch):
     """A bf16 tiny MoE: prefill and decode logits and the experts chosen, with the AMX kernels
     and without them (oneDNN and torch), bit for bit."""
-    _kernel()
+    require_amx_kernels()
     model, _ = tiny_moe(family, head_dim=head_dim)
     model = model.to(torch.bfloat16)
     on = FusedDecoder(model)

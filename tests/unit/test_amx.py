@@ -10,19 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from prereq import missing
+from prereq import require_amx_kernels
 
 from traingym.rollout import amx
 from traingym.rollout.fused_decoder import FusedDecoder
 
 
 @pytest.fixture(autouse=True)
-def _kernel():
-    if amx.lib is None:
-        missing("the AMX kernels are not built (traingym/rollout/_amx.c: `pip install -e .` "
-                "builds them where a C compiler is found)")
-    if not amx.runs():
-        pytest.skip("this CPU (or its kernel) gives no AMX-BF16: the AMX kernels do not run")
+def _kernels():
+    require_amx_kernels()
 
 
 def _weights(N, K, seed=0):
