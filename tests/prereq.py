@@ -92,6 +92,8 @@ def require_amx_kernels() -> None:
     image); a CPU without AMX-BF16 is a skip everywhere, as a missing GPU is."""
     from traingym.rollout import amx
 
+    if os.environ.get("TRAINGYM_NATIVE", "1") == "0":
+        pytest.skip("TRAINGYM_NATIVE=0 turns the AMX kernels off")
     if amx.lib is None:
         missing("the AMX kernels are not built (traingym/rollout/_amx.c: `pip install -e .` "
                 "builds them where a C compiler is found)")
