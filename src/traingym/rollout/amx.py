@@ -1,16 +1,19 @@
-"""The built-in engine's AMX kernels (_amx.c): bf16 linears and a sparse MoE block's routed
-experts, for the fused decoder (rollout/fused_decoder.py, rollout/fused_moe.py).
+"""The built-in engine's AMX kernels (_amx.c): bf16 linears, a sparse MoE block's routed
+experts, and one decode step's attention, for the fused decoder (rollout/fused_decoder.py,
+rollout/fused_moe.py).
 
 Why: at decode batch sizes a bf16 matmul costs reading its weight once, but oneDNN's
-`_linear_pointwise` adds ~30 us of fixed cost per call on the machines this was built on, and
-a MoE block's Python loop over its experts adds its own. The kernels read weights packed for AMX
-(`pack`), run with the GIL released on torch's own OpenMP threads, and compute a MoE block's
-experts in one call. Where they run they give oneDNN's bits at decode sizes (tests/moe/
-test_fused_moe.py, tests/models/test_families.py).
+`_linear_pointwise` adds ~30 us of fixed cost per call on the machines this was built on, a
+MoE block's Python loop over its experts adds its own, and the decode attention's bf16 `bmm`
+another. The kernels read weights packed for AMX (`pack`), run with the GIL released on torch's
+own OpenMP threads, and compute a MoE block's experts in one call. Up to 32 rows they give
+oneDNN's bits, and each row's bits do not depend on its batch (tests/unit/test_amx.py,
+tests/moe/test_fused_moe.py); above 32 rows oneDNN sums in another order, so there the two
+differ in rare elements by one bf16 step.
 
 `runs()`: the module was built (setup.py; skipped where no C compiler is found), the CPU has
-AMX-BF16 and Linux grants tile data, and TRAINGYM_NATIVE is not "0". Elsewhere the fused decoder
-keeps its oneDNN path.
+AMX-BF16 and AVX-512 F/BW/VL and Linux grants tile data, and TRAINGYM_NATIVE is not "0".
+Elsewhere the fused decoder keeps its oneDNN and torch paths.
 """
 
 from __future__ import annotations
