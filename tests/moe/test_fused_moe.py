@@ -115,6 +115,7 @@ def test_bf16_decoder_on_the_kernels_equals_it_without(family, head_dim, monkeyp
         m.setattr(fused_moe.amx, "lib", None)
         off = FusedDecoder(model)
     assert all(layer.moe.packed is None for layer in off.layers)
+    assert on.kernel and not off.kernel  # the linears (and at head_dim 32 the attention) too
     ids = torch.randint(3, 400, (4, 9), generator=torch.Generator().manual_seed(0))
     mask, pos = torch.ones_like(ids), torch.arange(9).expand(4, 9)
     out = []
