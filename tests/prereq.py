@@ -88,12 +88,13 @@ def require_vllm_venv() -> str:
 
 
 def require_amx_kernels() -> None:
-    """rollout/amx.py's kernels: not built is `missing` (CI builds them: a C compiler is in its
-    image); a CPU without AMX-BF16 is a skip everywhere, as a missing GPU is."""
+    """rollout/amx.py's kernels: not built, or turned off with TRAINGYM_NATIVE=0, is `missing`
+    (CI builds them: a C compiler is in its image); a CPU without AMX-BF16 is a skip everywhere,
+    as a missing GPU is (the machines CI runs on have been Intel with AMX and AMD without)."""
     from traingym.rollout import amx
 
     if os.environ.get("TRAINGYM_NATIVE", "1") == "0":
-        pytest.skip("TRAINGYM_NATIVE=0 turns the AMX kernels off")
+        missing("TRAINGYM_NATIVE=0 turns the AMX kernels off")
     if amx.lib is None:
         missing("the AMX kernels are not built (traingym/rollout/_amx.c: `pip install -e .` "
                 "builds them where a C compiler is found)")
