@@ -81,8 +81,8 @@ def test_kernel_gives_the_expert_loops_bits(hidden, inter, tokens, gate_dtype):
 
 
 def test_kernel_above_32_rows_an_expert_rounds_a_few_elements_differently():
-    """Above 32 rows an expert (a prefill), the two round differently in a few elements (0.13%
-    of these 200 rows x 768, by one bf16 step; which side's sums or exp, not isolated)."""
+    """Above 32 rows an expert (a prefill), the two round differently in a few elements, by one
+    bf16 step (oneDNN's sums change order there; whether the exp adds to it, not isolated)."""
     require_amx_kernels()
     loop, packed = _experts(768, 384, 4)
     x, _, _ = _routed(200, 768, 4, 1, torch.float32)

@@ -85,7 +85,7 @@ def test_decode_attention_gives_the_torch_paths_bits(B, H, KV, D, S):
 @pytest.mark.parametrize("B,H,KV,D,S", [(64, 14, 2, 64, 512), (16, 32, 2, 128, 1000)])
 def test_decode_attention_is_the_torch_path_to_a_bf16_step(B, H, KV, D, S):
     """Longer caches and more heads per key/value head: the two sum in other orders (and
-    exp differs in the last fp32 bits), so ~0.1% of the outputs differ, by one bf16 step."""
+    exp differs in the last fp32 bits), so a few outputs differ, by one bf16 step."""
     q, k, v, mask = _attention_inputs(B, H, KV, D, S)
     want = FusedDecoder._decode_attention(q, k, v, mask, D ** -0.5, None)
     got = amx.decode_attention(q, k, v, mask, D ** -0.5)

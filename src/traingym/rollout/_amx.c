@@ -3,8 +3,8 @@
  * routed experts in one call, and one decode step's attention.
  *
  * Why: at decode batch sizes a bf16 matmul should cost reading its weight once, but oneDNN's
- * `_linear_pointwise` spends ~30 us of fixed cost per call on the machines this was built on (a
- * 64x64 matmul takes as long as a 768x768 one), a MoE block's Python loop over its experts adds
+ * `_linear_pointwise` spends ~35 us of fixed cost per call on the machines this was built on (a
+ * 64x64 matmul: benchmarks/amx_kernels.py), a MoE block's Python loop over its experts adds
  * its own, and the decode attention's bf16 `bmm` another. Here each is one call with the GIL
  * released, on torch's own OpenMP threads (this module links libgomp.so.1, which resolves to the
  * copy torch loaded), each weight streamed once through AMX tiles from a layout made for them.
