@@ -3,13 +3,13 @@ experts, and one decode step's attention, for the fused decoder (rollout/fused_d
 rollout/fused_moe.py).
 
 Why: at decode batch sizes a bf16 matmul costs reading its weight once, but oneDNN's
-`_linear_pointwise` adds ~35 us of fixed cost per call on the machines this was built on (a
-64 x 64 weight: benchmarks/amx_kernels.py), a MoE block's Python loop over its experts adds its
-own, and the decode attention's bf16 `bmm` another. The kernels read weights packed for AMX (`pack`), run with the GIL released on torch's
-own OpenMP threads, and compute a MoE block's experts in one call. Up to 32 rows they give
-oneDNN's bits, and each row's bits do not depend on its batch (tests/unit/test_amx.py,
-tests/moe/test_fused_moe.py); above 32 rows oneDNN sums in another order, so there the two
-differ in rare elements by one bf16 step.
+`_linear_pointwise` adds ~35 us of fixed cost per call on the machines this was built on (a 64 x
+64 weight: benchmarks/amx_kernels.py), a MoE block's Python loop over its experts adds its own,
+and the decode attention's bf16 `bmm` another. The kernels read weights packed for AMX (`pack`),
+run with the GIL released on torch's own OpenMP threads, and compute a MoE block's experts in
+one call. Up to 32 rows they give oneDNN's bits, and each row's bits do not depend on its batch
+(tests/unit/test_amx.py, tests/moe/test_fused_moe.py); above 32 rows oneDNN sums in another
+order, so there the two differ in rare elements by one bf16 step.
 
 `runs()`: the module was built (setup.py; skipped where no C compiler is found), the CPU has
 AMX-BF16 and AVX-512 F/BW/VL and Linux grants tile data, and TRAINGYM_NATIVE is not "0".
