@@ -62,6 +62,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -231,11 +232,13 @@ def main() -> None:
                    help="TRL's process too puts torch's tensors of 2 MiB and more on huge pages "
                         "(THP_MEM_ALLOC_ENABLE=1, as traingym's huge_pages does for its own)")
     resultfile.add_args(p)
-    p.add_argument("--work", default=None, help="scratch folder (default runs/vs_trl-<time>)")
+    p.add_argument("--work", default=None,
+                   help="scratch folder, kept (default: a temporary folder, removed at the end: "
+                        "it holds two trained models and traingym's checkpoints, ~2 GB)")
     p.add_argument("--worker", choices=["traingym", "trl", "eval"], help=argparse.SUPPRESS)
     a = p.parse_args()
-    work = Path(a.work or f"runs/vs_trl-{time.strftime('%Y%m%d-%H%M%S')}")
     if a.worker:
+        work = Path(a.work)
         fn = {"traingym": run_traingym, "trl": run_trl, "eval": run_eval}[a.worker]
         (work / f"{a.worker}.json").write_text(json.dumps(fn(a, work), indent=1))
         return
@@ -243,7 +246,16 @@ def main() -> None:
                                                    ("trl_huge_pages", a.trl_huge_pages)) if on)
                           or None)
     rec = resultfile.start("vs_trl", a)
-    work.mkdir(parents=True, exist_ok=False)
+    if a.work:
+        work = Path(a.work)
+        work.mkdir(parents=True, exist_ok=False)
+        compare(a, rec, work)
+    else:
+        with tempfile.TemporaryDirectory(prefix="vs_trl-") as tmp:
+            compare(a, rec, Path(tmp))
+
+
+def compare(a: argparse.Namespace, rec, work: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": str(a.threads),
            "TOKENIZERS_PARALLELISM": "false"}
@@ -289,7 +301,7 @@ def main() -> None:
                            "trl": trl.__version__},
               "speed": speed, "ratio_trl_over_traingym": ratio, "process_wall_s": proc_wall,
               "loadavg_1min_before_after": load,
-              "eval": ev, "per_step": results, "work_dir": str(work)}
+              "eval": ev, "per_step": results, "work_dir": str(work) if a.work else None}
     rec.write(report)
 
 
