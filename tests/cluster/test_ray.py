@@ -122,8 +122,14 @@ def _two_nodes():
             shutil.rmtree(temp, ignore_errors=True)
 
 
-def _user_package(root: Path) -> Path:
-    """A reward package the Ray nodes cannot import unless it is shipped."""
+def _user_package(root: Path, monkeypatch) -> Path:
+    """A reward package the Ray nodes cannot import unless it is shipped, importable here.
+
+    Each test writes its own copy under its tmp_path, which pytest removes once the test passes:
+    a copy imported by an earlier test is dropped from sys.modules so that this one is imported.
+    """
+    for name in [n for n in sys.modules if n.split(".")[0] == "tg_user_reward"]:
+        monkeypatch.delitem(sys.modules, name)
     pkg = root / "tg_user_reward"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text(textwrap.dedent("""
@@ -133,6 +139,7 @@ def _user_package(root: Path) -> Path:
             return digit_fraction(sample)
     """))
     (pkg / "envs.py").write_text((Path(__file__).parent / "async_envs.py").read_text())
+    monkeypatch.syspath_prepend(str(root))
     return pkg
 
 
@@ -145,8 +152,7 @@ def test_two_node_ray_run_learns_and_same_config_runs_locally(two_nodes, tmp_pat
                                                                monkeypatch):
     import importlib
 
-    pkg = _user_package(tmp_path / "user")
-    monkeypatch.syspath_prepend(str(pkg.parent))
+    pkg = _user_package(tmp_path / "user", monkeypatch)
     reward = importlib.import_module("tg_user_reward").reward
     steps = 16
     cfg = _cfg(steps, {"type": "ray", "address": two_nodes,
@@ -185,8 +191,7 @@ def test_two_node_ray_run_learns_and_same_config_runs_locally(two_nodes, tmp_pat
 def test_killed_engine_actor_is_restarted_on_its_node(two_nodes, tmp_path, monkeypatch):
     import importlib
 
-    pkg = _user_package(tmp_path / "user")
-    monkeypatch.syspath_prepend(str(pkg.parent))
+    pkg = _user_package(tmp_path / "user", monkeypatch)
     kill_once = importlib.import_module("tg_user_reward.envs").KillOnce
     cfg = _cfg(6, {"type": "ray", "address": two_nodes,
                    "engine_resources": {"engine_node": 1.0}, "py_modules": [str(pkg)]})
