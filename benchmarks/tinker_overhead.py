@@ -337,6 +337,7 @@ def client_main(args: dict) -> None:
                   flush=True)
         out["phases"] = phases
     Path(args["out"]).write_text(json.dumps(out, indent=1))
+    service.close("success").result()  # the session ends before the interpreter exits
 
 
 # -- main ------------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ def evaluate(sampling_client, tokenizer, rows, params, samples: int, reward) -> 
             "samples_per_prompt": samples, "per_prompt": per_prompt_P}
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-url", default=None, help="the Tinker server (default: the SDK's)")
     p.add_argument("--model", default="embedded", help="base model the server serves")
@@ -102,13 +102,22 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--reward", choices=sorted(REWARDS), default="exact")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the per-step metrics and evals as JSON")
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> dict:
+    a = parse_args(argv)
+    # Closing the client ends the session on the server (its clients' memory is freed) and
+    # stops the SDK's background requests before the interpreter exits.
+    with tinker.ServiceClient(base_url=a.base_url) as service_client:
+        return train(service_client, a)
+
+
+def train(service_client, a: argparse.Namespace) -> dict:
     reward = REWARDS[a.reward]
     rows = load_rows(Path(a.data))
     train_rows, heldout = rows["train"], rows["heldout"][:a.eval_prompts]
     rng = random.Random(a.seed)
-    service_client = tinker.ServiceClient(base_url=a.base_url)
     training_client = service_client.create_lora_training_client(
         base_model=a.model, rank=a.lora_rank).result()
     tokenizer = training_client.get_tokenizer()

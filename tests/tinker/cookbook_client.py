@@ -75,6 +75,7 @@ def tokenizer(c: dict) -> None:
     for name in c["models"]:
         tok = service.create_lora_training_client(base_model=name, rank=4).get_tokenizer()
         out[name] = tok.encode(c["text"], add_special_tokens=False)
+    service.close("success").result()
     print("TOKENS " + json.dumps(out))
 
 

@@ -186,3 +186,31 @@ def test_sdk_polls_retrieve_futures_out_of_order_and_failed(live, tokenizer):
         del service.retrieve_futures, service.futures.wait
     assert [g.sequences[0].tokens for g in got] == alone[::-1]
     assert polls and waits and all(waits)  # polled, and every fetch found its result done
+
+
+def test_client_config_names_the_transport_the_sdk_builds(live, tmp_path):
+    """The client config says use_pyqwest_transport = cfg.client_pyqwest (off by default: the
+    SDK then sends over httpx's own transport, whose responses cannot abort the client's exit;
+    benchmarks/tinker_client_exit.py), and the SDK's session holder takes it."""
+    import httpx
+    from fastapi.testclient import TestClient
+    from tinker import types
+
+    from traingym.tinker.app import build_app
+    from traingym.tinker.config import TinkerConfig
+    from traingym.tinker.service import Service
+
+    r = httpx.post(live.url + "/api/v1/client/config", headers={"X-API-Key": live.key},
+                   json={"sdk_version": "0.38.0"}, timeout=30)
+    sent = types.ClientConfigResponse.model_validate(r.json())
+    assert r.status_code == 200 and sent.use_pyqwest_transport is False
+    assert sent.sample_use_retrieve_futures is True
+    sc = live.client()
+    sc.create_sampling_client(base_model="tiny").result()
+    assert sc._session_holder.get_client_config().use_pyqwest_transport is False
+    sc.close("success").result()
+
+    on = Service(TinkerConfig(runs_dir=tmp_path, models=["tiny"], client_pyqwest=True))
+    with TestClient(build_app(on, "tml-unused")) as client:
+        r = client.post("/api/v1/client/config", json={"sdk_version": "0.38.0"})
+    assert r.status_code == 200 and r.json()["use_pyqwest_transport"] is True

@@ -137,6 +137,7 @@ def build_app(service: Service, api_key: str):
         return {"pjwt_auth_enabled": False, "credential_default_source": "api_key",
                 "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": True,
                 "custom_loss_server_side": False, "sample_join_sampling_session": False,
+                "use_pyqwest_transport": cfg.client_pyqwest,
                 "fwdbwd_max_chunk_len": min(1024, cfg.max_datums),
                 "fwdbwd_max_chunk_bytes_count": min(5_000_000, cfg.max_body_bytes // 2),
                 "sample_max_concurrent_requests": cfg.max_pending}

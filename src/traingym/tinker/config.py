@@ -55,6 +55,12 @@ class TinkerConfig(Strict):
                                      "its training clients and samplers are dropped")
     poll_s: float = Field(10.0, gt=0, description="how long retrieve_future waits for a "
                           "result before answering try_again")
+    client_pyqwest: bool = Field(False, description="let SDK clients send over the pyqwest "
+                                 "(Rust) HTTP transport (client config "
+                                 "use_pyqwest_transport); off: httpx's own. On Python < 3.14 "
+                                 "a pyqwest response that lands while the client's interpreter "
+                                 "exits aborts it (SIGABRT), and the sampling poller's "
+                                 "long-poll keeps one in flight until the client is closed")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="where the "
                                    "sampling engines run: local (this process) or ray (one "
                                    "actor per base model; the trainer stays here)")
