@@ -39,7 +39,8 @@ import time
 from pathlib import Path
 
 import resultfile
-from tinker_rl import EXAMPLE, client_interpreter, client_versions, free_port, wait_healthy
+from tinker_rl import (EXAMPLE, add_client_python, client_interpreter, client_versions,
+                       free_port, wait_healthy)
 
 KEY_VAR = "TRAINGYM_BENCH_TINKER_KEY"
 # examples/tinker/rl_loop.py's train() on a ServiceClient that is never closed.
@@ -88,8 +89,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=30, help="client runs per variant")
     p.add_argument("--poll-s", type=float, default=0.5, help="the servers' poll_s")
-    p.add_argument("--client-python", default=None,
-                   help="interpreter that runs the example (default .venv-tinker's, else this)")
+    add_client_python(p)
     resultfile.add_args(p)
     a = p.parse_args()
     rec = resultfile.start("tinker_client_exit", a)

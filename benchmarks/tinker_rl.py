@@ -62,6 +62,11 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 1
         time.sleep(0.3)
 
 
+def add_client_python(parser) -> None:
+    parser.add_argument("--client-python", default=None, help="interpreter that runs the "
+                        "example (default .venv-tinker's, else this)")
+
+
 def client_interpreter(chosen: str | None) -> str:
     """--client-python, else .venv-tinker's interpreter where it exists, else this one."""
     client = chosen or str(ROOT / ".venv-tinker" / "bin" / "python")
@@ -101,8 +106,7 @@ def main() -> int:
     p.add_argument("--threads", default="1", help="OMP_NUM_THREADS of the server (torch's "
                    "threads); on this shared 2-core machine 1 sampled 4-8x faster than torch's "
                    "default under load")
-    p.add_argument("--client-python", default=None,
-                   help="interpreter that runs the example (default .venv-tinker's, else this)")
+    add_client_python(p)
     resultfile.add_args(p)
     a = p.parse_args()
     rec = resultfile.start("tinker_rl", a)
